@@ -1,0 +1,38 @@
+# The two commands: `make sweep` and `make test`. Each makes .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+STAMP := $(VENV)/.installed
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+# Rank counts every MPI test runs on (3 catches power-of-two assumptions).
+TEST_RANKS ?= 1 2 3 4
+# Seconds allowed for each MPI test launch before it is killed.
+TEST_TIMEOUT ?= 900
+RESULTS ?= results
+
+.PHONY: sweep test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[mpich,test,plot]'
+	touch $(STAMP)
+
+# The default sweep: point-to-point and allreduce on 1..nproc ranks, small sizes.
+sweep: $(STAMP)
+	$(VENV)/bin/mlscale sweep p2p --np 2 --sizes 8:1M --csv $(RESULTS)/p2p.csv
+	$(VENV)/bin/mlscale sweep allreduce --np $(NPROC) --ranks 1:$(NPROC) --sizes 8:4M --csv $(RESULTS)/allreduce.csv
+	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out report
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not mpi" -p no:cacheprovider -q
+	for n in $(TEST_RANKS); do \
+	  echo "== MPI tests on $$n ranks"; \
+	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Lowest layer of mlscale: array backends, data distribution, BLAS-level kernels."""

@@ -1,0 +1,103 @@
+"""Array backends: NumPy on the host, CuPy on NVIDIA GPUs.
+
+``get_backend(name, comm)`` returns a `Backend`: the array module (``xp``) and how
+its buffers reach MPI. NumPy arrays go to MPI directly. CuPy arrays go directly
+too when the MPI library is CUDA-aware (declared with ``MLSCALE_CUDA_AWARE=1``,
+since MPI offers no portable query), after the current stream is synchronised;
+otherwise they are staged through host memory (`Backend.staged`), and the staging
+copies are part of what is timed.
+"""
+import os
+
+import numpy as np
+
+from kernels.errors import InputError
+
+BACKENDS = ("numpy", "cupy")
+
+
+class Backend:
+    """An array module and the rules for handing its buffers to MPI.
+
+    Attributes
+    ----------
+    name : str
+        ``"numpy"`` or ``"cupy"``.
+    xp : module
+        ``numpy`` or ``cupy``.
+    device_buffers_to_mpi : bool
+        True when MPI takes this backend's arrays as they are (always for NumPy;
+        for CuPy only with a CUDA-aware MPI).
+    """
+
+    def __init__(self, name, xp, device_buffers_to_mpi):
+        self.name = name
+        self.xp = xp
+        self.device_buffers_to_mpi = device_buffers_to_mpi
+
+    def synchronize(self):
+        """Wait for queued device work (a no-op on the host)."""
+        if self.name == "cupy":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def to_host(self, array):
+        """Return ``array`` as a NumPy array (a copy for device arrays)."""
+        return self.xp.asnumpy(array) if self.name == "cupy" else np.asarray(array)
+
+    def from_host(self, array):
+        """Return a NumPy ``array`` in this backend's memory."""
+        return self.xp.asarray(array)
+
+    def staged(self, algorithm, *arrays, **options):
+        """Call ``algorithm(*arrays, **options)`` with buffers MPI can take.
+
+        The arrays are synchronised and passed as they are when MPI takes them;
+        otherwise each is copied to the host, the algorithm runs on the copies, and
+        every copy is written back into its device array afterwards (so in-place
+        algorithms keep working). Returns what the algorithm returns.
+        """
+        self.synchronize()
+        if self.device_buffers_to_mpi:
+            return algorithm(*arrays, **options)
+        host = [self.to_host(a) for a in arrays]
+        result = algorithm(*host, **options)
+        for device_array, host_array in zip(arrays, host):
+            device_array.set(host_array)
+        return result
+
+
+def get_backend(name="numpy", comm=None):
+    """Return the `Backend` called ``name``.
+
+    For ``"cupy"``, each rank selects the GPU ``local_rank % device_count``, where
+    ``local_rank`` is its rank among the ranks of ``comm`` on the same node.
+
+    Raises
+    ------
+    InputError
+        Unknown name, CuPy not installed, or no GPU visible.
+    """
+    if name == "numpy":
+        return Backend("numpy", np, True)
+    if name != "cupy":
+        raise InputError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    try:
+        import cupy
+    except ImportError:
+        raise InputError("backend 'cupy' needs CuPy: pip install 'mlscale[gpu]'") from None
+    try:
+        device_count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        device_count = 0
+    if device_count == 0:
+        raise InputError("backend 'cupy': no CUDA GPU is visible on this node")
+    local_rank = 0
+    if comm is not None:
+        from mpi4py import MPI
+
+        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = node_comm.rank
+        node_comm.Free()
+    cupy.cuda.Device(local_rank % device_count).use()
+    cuda_aware = os.environ.get("MLSCALE_CUDA_AWARE", "0") == "1"
+    return Backend("cupy", cupy, cuda_aware)
