@@ -18,7 +18,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[mpich,test,plot]'
+	$(PY) -m pip install --quiet -e '.[mpich,test,plot,ml]'
 	touch $(STAMP)
 
 # The default sweep: point-to-point and allreduce on 1..nproc ranks, small sizes.
