@@ -48,8 +48,8 @@ class Backend:
         """Return a NumPy ``array`` in this backend's memory."""
         return self.xp.asarray(array)
 
-    def staged(self, algorithm, *arrays, **options):
-        """Call ``algorithm(*arrays, **options)`` with buffers MPI can take.
+    def staged(self, algorithm, *arrays):
+        """Call ``algorithm(*arrays)`` with buffers MPI can take.
 
         The arrays are synchronised and passed as they are when MPI takes them;
         otherwise each is copied to the host, the algorithm runs on the copies, and
@@ -58,9 +58,9 @@ class Backend:
         """
         self.synchronize()
         if self.device_buffers_to_mpi:
-            return algorithm(*arrays, **options)
+            return algorithm(*arrays)
         host = [self.to_host(a) for a in arrays]
-        result = algorithm(*host, **options)
+        result = algorithm(*host)
         for device_array, host_array in zip(arrays, host):
             device_array.set(host_array)
         return result
@@ -81,6 +81,13 @@ def get_backend(name="numpy", comm=None):
         return Backend("numpy", np, True)
     if name != "cupy":
         raise InputError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    local_rank = 0  # found before anything can fail, as every rank must take part
+    if comm is not None:
+        from mpi4py import MPI
+
+        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = node_comm.rank
+        node_comm.Free()
     try:
         import cupy
     except ImportError:
@@ -91,13 +98,6 @@ def get_backend(name="numpy", comm=None):
         device_count = 0
     if device_count == 0:
         raise InputError("backend 'cupy': no CUDA GPU is visible on this node")
-    local_rank = 0
-    if comm is not None:
-        from mpi4py import MPI
-
-        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = node_comm.rank
-        node_comm.Free()
     cupy.cuda.Device(local_rank % device_count).use()
     cuda_aware = os.environ.get("MLSCALE_CUDA_AWARE", "0") == "1"
     return Backend("cupy", cupy, cuda_aware)

@@ -1,0 +1,1 @@
+"""The harness: benchmark cases, timing, sweeps, CSV, reports and the command line."""

@@ -1,0 +1,133 @@
+"""The benchmark case protocol every suite implements.
+
+A case is a class with a name, its variants, what its size means, and four
+methods. The harness calls them in this order for every measured point::
+
+    state = case.setup(comm, size, variant, backend, dtype)   # inputs from a seed
+    case.run(state)                                            # the timed work, repeated
+    wrong = case.check(state)                                  # against the serial reference
+    metrics = case.metrics(state, seconds)                     # rates for one run
+
+``comm`` is the sub-communicator of the ranks taking part; ``size`` is the problem
+size the point runs (for weak scaling already grown with the rank count, see
+`Case.problem_size`). The state is whatever `setup` returns; `metrics` reads the
+point's size, rank count and data type from it, so a case keeps no state itself.
+"""
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from kernels.errors import InputError
+
+#: nccl-tests bus-bandwidth factors, from algorithm bandwidth to bus bandwidth.
+BUS_FACTORS = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "sendrecv": lambda p: 1.0,
+}
+
+
+@dataclass
+class Metrics:
+    """Rates of one measured point; None where a rate does not apply.
+
+    Units are SI: GFLOP/s = 1e9 flop/s, GB/s = 1e9 bytes/s.
+    """
+
+    gflops: Optional[float] = None
+    algbw_gbs: Optional[float] = None
+    busbw_gbs: Optional[float] = None
+    items_per_s: Optional[float] = None
+    metric: str = ""
+    metric_value: Optional[float] = None
+
+
+def bandwidth_metrics(collective, nbytes, ranks, seconds, **extra):
+    """`Metrics` of a communication benchmark moving ``nbytes`` per rank in ``seconds``.
+
+    algbw = nbytes / seconds; busbw = algbw times the nccl-tests factor of ``collective``.
+    """
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else math.nan
+    return Metrics(algbw_gbs=algbw, busbw_gbs=algbw * BUS_FACTORS[collective](ranks), **extra)
+
+
+class Case:
+    """Base class of benchmark cases; subclasses set the attributes and methods.
+
+    Attributes
+    ----------
+    name : str
+        Suite name, as given on the command line.
+    benchmark : str
+        What the CSV's ``benchmark`` column says (e.g. ``allreduce``, ``pingpong``).
+    variants : tuple of str
+        Variant names; the first is the reference or library version.
+    size_unit : str
+        Unit of ``size`` (``bytes``, ``n``, ``samples``...), written to the CSV.
+    size_help : str
+        One line on what ``size`` means, shown by ``mlscale list``.
+    default_sizes : str
+        Sizes swept when ``--sizes`` is not given.
+    metrics_help : str
+        Which metrics the suite reports, shown by ``mlscale list``.
+    """
+
+    name = ""
+    benchmark = ""
+    variants = ()
+    size_unit = "bytes"
+    size_help = ""
+    default_sizes = "8:1M"
+    metrics_help = ""
+    dtypes = ("float64", "float32")
+
+    def check_ranks(self, ranks, variant):
+        """Raise `InputError` when ``variant`` cannot run on ``ranks`` ranks."""
+
+    def problem_size(self, size, ranks, scaling):
+        """The size a point runs: ``size`` (strong) or grown so work per rank stays fixed (weak).
+
+        The default weak rule multiplies by the rank count; cases whose work is not
+        linear in ``size`` (GEMM: n^3) override it.
+        """
+        return size if scaling == "strong" else size * ranks
+
+    def iterations(self, size):
+        """Default ``(iters, warmup)`` for a point of this size."""
+        return 20, 3
+
+    def setup(self, comm, size, variant, backend, dtype):
+        """Build the inputs of one point; return the state `run` and `check` use."""
+        raise NotImplementedError
+
+    def run(self, state):
+        """The timed work of one iteration, nothing else."""
+        raise NotImplementedError
+
+    def check(self, state):
+        """Compare the last run with the serial reference; return the number of wrong elements on this rank."""
+        raise NotImplementedError
+
+    def metrics(self, state, seconds):
+        """`Metrics` of one run of the point ``state`` that took ``seconds``."""
+        raise NotImplementedError
+
+    def params(self, state):
+        """Extra settings of a point worth recording (a dict), written to the CSV's ``params``."""
+        return {}
+
+
+def parse_variants(case, text):
+    """Return the variants named in the comma list ``text`` (all of them when empty)."""
+    if not text:
+        return list(case.variants)
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in case.variants]
+    if unknown:
+        raise InputError(
+            f"unknown variant {unknown[0]!r} for suite {case.name!r}; choose from {', '.join(case.variants)}"
+        )
+    return names

@@ -1,0 +1,95 @@
+"""Suite ``p2p``: point-to-point latency (ping-pong) and bandwidth (a window of messages).
+
+Ranks form pairs (r, r + p/2), as in OSU's multi-pair tests; on 2 ranks this is
+osu_latency / osu_bw. Payloads are bytes filled with a known pattern, checked on
+arrival.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from bench.case import Case, bandwidth_metrics
+from kernels.errors import InputError
+
+#: Messages in flight per bandwidth run (OSU's default window).
+WINDOW = 64
+ACK_TAG, DATA_TAG = 1, 2
+
+
+@dataclass
+class _State:
+    comm: object
+    backend: object
+    variant: str
+    size: int
+    partner: int
+    sender: bool
+    send: np.ndarray
+    recv: np.ndarray
+    ack: np.ndarray
+
+
+class PointToPoint(Case):
+    name = "p2p"
+    benchmark = "p2p"
+    variants = ("latency", "bandwidth")
+    size_unit = "bytes"
+    size_help = "message size in bytes"
+    default_sizes = "8:1M"
+    metrics_help = "latency: one-way latency in us (metric latency_us); bandwidth: algbw = busbw in GB/s"
+    dtypes = ("uint8",)
+
+    def check_ranks(self, ranks, variant):
+        if ranks < 2 or ranks % 2:
+            raise InputError(f"p2p pairs ranks, so it needs an even rank count >= 2, not {ranks}")
+
+    def problem_size(self, size, ranks, scaling):
+        return size
+
+    def iterations(self, size):
+        return (100, 10) if size <= 65536 else (20, 3)
+
+    def setup(self, comm, size, variant, backend, dtype):
+        half = comm.size // 2
+        sender = comm.rank < half
+        partner = comm.rank + half if sender else comm.rank - half
+        pattern = (np.arange(size) + 7) % 251
+        send = backend.from_host(pattern.astype(np.uint8)) if sender else backend.xp.zeros(size, np.uint8)
+        recv = backend.xp.zeros(size, np.uint8)
+        ack = backend.xp.zeros(1, np.uint8)
+        return _State(comm, backend, variant, size, partner, sender, send, recv, ack)
+
+    def run(self, state):
+        comm, partner = state.comm, state.partner
+        if state.variant == "latency":
+            if state.sender:
+                comm.Send(state.send, partner, DATA_TAG)
+                comm.Recv(state.recv, partner, DATA_TAG)
+            else:
+                comm.Recv(state.recv, partner, DATA_TAG)
+                comm.Send(state.recv, partner, DATA_TAG)
+            return
+        if state.sender:
+            requests = [comm.Isend(state.send, partner, DATA_TAG) for _ in range(WINDOW)]
+            MPI.Request.Waitall(requests)
+            comm.Recv(state.ack, partner, ACK_TAG)
+        else:
+            requests = [comm.Irecv(state.recv, partner, DATA_TAG) for _ in range(WINDOW)]
+            MPI.Request.Waitall(requests)
+            comm.Send(state.ack, partner, ACK_TAG)
+
+    def check(self, state):
+        if state.variant == "bandwidth" and state.sender:
+            return 0
+        expected = (np.arange(state.size) + 7) % 251
+        return int(np.count_nonzero(state.backend.to_host(state.recv) != expected))
+
+    def metrics(self, state, seconds):
+        if state.variant == "latency":
+            return bandwidth_metrics("sendrecv", 2 * state.size, 2, seconds,
+                                     metric="latency_us", metric_value=seconds / 2 * 1e6)
+        return bandwidth_metrics("sendrecv", WINDOW * state.size, 2, seconds)
+
+    def params(self, state):
+        return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}

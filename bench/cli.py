@@ -1,0 +1,212 @@
+"""The command line: ``mlscale list | run | sweep | report``.
+
+Exit status: 0 every point measured and valid; 1 a check failed or a rank
+failed; 2 bad usage or input. Errors are one line on stderr from rank 0 (an
+unexpected error on one rank: one line from that rank, then MPI_Abort; set
+MLSCALE_DEBUG=1 for the traceback).
+"""
+import argparse
+import os
+import sys
+
+from bench.registry import SUITES, get_case
+from bench.units import parse_ranks, parse_sizes
+from kernels.backend import BACKENDS
+from kernels.errors import InputError
+
+EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as an `InputError` (one line, status 2)."""
+
+    def error(self, message):
+        raise InputError(message)
+
+
+def _measure_options(parser):
+    parser.add_argument("suite", help="suite name (see `mlscale list`)")
+    parser.add_argument("--variants", default="", help="comma list; default: all variants of the suite")
+    parser.add_argument("--sizes", help="LO:HI (powers of two) or a comma list; K/M/G suffixes")
+    parser.add_argument("--ranks", help="rank counts, e.g. 1,2,4 or 1:4; default: the job size")
+    parser.add_argument("--scaling", choices=("strong", "weak"), default="strong",
+                        help="weak: the size is per rank")
+    parser.add_argument("--iters", type=int, help="timed iterations per point")
+    parser.add_argument("--warmup", type=int, help="untimed runs before timing")
+    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy")
+    parser.add_argument("--dtype", help="element type (default: the suite's first)")
+    parser.add_argument("--csv", help="results file (default: results/SUITE.csv); finished points are skipped")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="skip validation against the serial reference")
+
+
+def build_parser():
+    parser = _Parser(prog="mlscale", description="Measure how parallel ML algorithms scale with MPI.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    listing = commands.add_parser("list", help="suites, variants, what size means, metrics")
+    listing.add_argument("suite", nargs="?")
+    run = commands.add_parser("run", help="inside mpiexec / srun: measure, print a table, append CSV")
+    _measure_options(run)
+    sweep = commands.add_parser("sweep", help="from a shell: start the MPI job, then as `run`")
+    _measure_options(sweep)
+    sweep.add_argument("--np", type=int, help="ranks to start (default: the largest --ranks, else the cores)")
+    sweep.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
+    report = commands.add_parser("report", help="speedup and efficiency tables from results CSVs")
+    report.add_argument("csv", nargs="+")
+    report.add_argument("--out", default="report", help="folder for scaling.csv and summary.md")
+    return parser
+
+
+def make_config(args, job_size):
+    """Validate the measuring options against the suite and the job size; return a SweepConfig."""
+    from bench.case import parse_variants
+    from bench.sweep import SweepConfig
+
+    case = get_case(args.suite)
+    variants = parse_variants(case, args.variants)
+    for name, value in (("--iters", args.iters), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        raise InputError(f"--warmup must be >= 0, got {args.warmup}")
+    config = SweepConfig(
+        suite=case.name, variants=variants, sizes=parse_sizes(args.sizes or case.default_sizes),
+        ranks=parse_ranks(args.ranks, job_size) if args.ranks else [job_size],
+        csv_path=args.csv or os.path.join("results", f"{case.name}.csv"), scaling=args.scaling,
+        iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
+        dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
+    )
+    return case, config
+
+
+def command_list(args, out):
+    names = [args.suite] if args.suite else list(SUITES)
+    for name in names:
+        case = get_case(name)
+        out(f"{case.name}: variants {', '.join(case.variants)}")
+        out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
+        out(f"    metrics: {case.metrics_help}")
+    return EXIT_OK
+
+
+def command_run(args, out, err):
+    from mpi4py import MPI
+
+    from bench.sweep import RankError, run_sweep
+    from bench.table import format_header, format_row
+
+    comm = MPI.COMM_WORLD
+    say = out if comm.rank == 0 else (lambda line: None)
+    case, config = make_config(args, comm.size)
+    rows = []
+
+    def emit(row):
+        if not rows:
+            say(f"# mlscale {case.name}: {comm.size} ranks, {config.scaling} scaling, csv {config.csv_path}")
+            say(format_header())
+        rows.append(row)
+        say(format_row(row))
+
+    try:
+        wrong = run_sweep(comm, case, config, emit)
+    except RankError as error:
+        if comm.rank == 0:
+            err(f"mlscale: error: {error}")
+        return EXIT_WRONG
+    for note in config.skipped:
+        say(f"# {note}")
+    if comm.rank == 0 and not rows:
+        say(f"# nothing measured: every point is already in {config.csv_path}")
+    if wrong:
+        if comm.rank == 0:
+            err(f"mlscale: {wrong} wrong elements: a check against the serial reference failed")
+        return EXIT_WRONG
+    return EXIT_OK
+
+
+def command_sweep(args, argv):
+    from bench.launch import run_under_mpi
+
+    requested = max(parse_ranks(args.ranks, 1 << 30)) if args.ranks else None
+    np_ = args.np or requested or os.cpu_count() or 1
+    if np_ < 1:
+        raise InputError(f"--np must be >= 1, got {np_}")
+    make_config(args, np_)
+    forwarded = _strip_options(argv[1:], {"--np": True, "--launcher": True})
+    return run_under_mpi(np_, args.launcher, forwarded)
+
+
+def _strip_options(argv, options):
+    """``argv`` without the named options (and their values)."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        name = item.split("=", 1)[0]
+        if name in options:
+            skip = options[name] and "=" not in item
+            continue
+        kept.append(item)
+    return kept
+
+
+def command_report(args, out):
+    from bench.report import write_report
+
+    for line in write_report(args.csv, args.out):
+        out(line)
+    return EXIT_OK
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = _line_writer(sys.stdout)
+    err = _line_writer(sys.stderr)
+    rank = _world_rank()
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "list":
+            return command_list(args, out)
+        if args.command == "sweep":
+            return command_sweep(args, argv)
+        if args.command == "report":
+            return command_report(args, out)
+        return command_run(args, out, err)
+    except InputError as error:
+        if rank == 0:
+            err(f"mlscale: error: {error}")
+        return EXIT_USAGE
+    except Exception as error:  # noqa: BLE001 - one line, then abort every rank
+        err(f"mlscale: rank {rank}: {type(error).__name__}: {error}")
+        if os.environ.get("MLSCALE_DEBUG"):
+            raise
+        _abort_job(EXIT_WRONG)
+        return EXIT_WRONG
+
+
+def _line_writer(stream):
+    def write(line):
+        stream.write(line + "\n")
+        stream.flush()
+
+    return write
+
+
+def _world_rank():
+    """This process's rank when MPI is already running (``mlscale run``), else 0."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized():
+        return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    return mpi.COMM_WORLD.rank
+
+
+def _abort_job(status):
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.size > 1:
+        mpi.COMM_WORLD.Abort(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

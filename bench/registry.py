@@ -1,0 +1,26 @@
+"""Suites by name. Cases are imported only when used, so optional libraries stay optional."""
+import importlib
+
+from kernels.errors import InputError
+
+SUITES = {
+    "p2p": "bench.cases.p2p:PointToPoint",
+    "allreduce": "bench.cases.allreduce:Allreduce",
+}
+
+
+def get_case(name):
+    """Return a new case object of suite ``name``.
+
+    ``name`` is a suite of `SUITES`, or ``package.module:Class`` for a case of your
+    own (a `bench.case.Case` subclass importable from the current environment).
+    Raises `InputError` for an unknown suite or a spec that does not import.
+    """
+    spec = SUITES.get(name, name)
+    module_name, _, class_name = spec.partition(":")
+    if not class_name:
+        raise InputError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (or give module:Class)")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)()
+    except (ImportError, AttributeError) as error:
+        raise InputError(f"cannot load suite {name!r}: {error}") from None

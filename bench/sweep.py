@@ -1,0 +1,175 @@
+"""Sweeps of rank counts x variants x sizes inside one MPI job.
+
+Each rank count runs on a sub-communicator of the job's first ranks, so one
+launch (one Slurm job) measures every count; ranks left out wait in a sleeping
+barrier so that they do not steal cores from the ranks being measured.
+"""
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import List, Optional
+
+from mpi4py import MPI
+from threadpoolctl import threadpool_limits
+
+from bench.case import parse_variants
+from bench.csvio import ResultsFile, point_key
+from bench.timing import measure
+from bench.units import format_size
+from kernels.backend import get_backend
+from kernels.errors import InputError
+
+SCALINGS = ("strong", "weak")
+
+
+@dataclass
+class SweepConfig:
+    """What one `mlscale run` measures (parsed, validated command-line options)."""
+
+    suite: str
+    variants: List[str]
+    sizes: List[int]
+    ranks: List[int]
+    csv_path: str
+    scaling: str = "strong"
+    iters: Optional[int] = None
+    warmup: Optional[int] = None
+    threads: Optional[int] = None
+    backend: str = "numpy"
+    dtype: Optional[str] = None
+    check: bool = True
+    variants_named: bool = False
+    skipped: List[str] = field(default_factory=list)
+
+
+class RankError(RuntimeError):
+    """An error raised on some rank and made known to every rank by `agree`."""
+
+
+def agree(comm, function, *args):
+    """Call ``function(*args)`` on every rank; if any rank raises, raise on all ranks.
+
+    The error raised everywhere is the lowest failing rank's: an `InputError` with
+    its message when it was one, else a `RankError` naming the rank and the error.
+    Costs one allgather of a small object.
+    """
+    try:
+        result, failure = function(*args), None
+    except InputError as error:
+        result, failure = None, ("input", str(error))
+    except Exception as error:  # noqa: BLE001 - reported on every rank below
+        result, failure = None, ("rank", f"rank {comm.rank}: {type(error).__name__}: {error}")
+    failures = [f for f in comm.allgather(failure) if f]
+    if failures:
+        kind, message = failures[0]
+        raise InputError(message) if kind == "input" else RankError(message)
+    return result
+
+
+def plan_points(case, config):
+    """Return the ``(ranks, variant)`` pairs to run; drop impossible ones or raise.
+
+    A pair the case cannot run (a square grid on 3 ranks, say) is skipped with a
+    note when the variants were not named; when they were, it is an `InputError`.
+    """
+    if config.scaling not in SCALINGS:
+        raise InputError(f"unknown scaling {config.scaling!r}; choose strong or weak")
+    if config.dtype not in case.dtypes:
+        raise InputError(f"suite {case.name!r} runs dtype {' or '.join(case.dtypes)}, not {config.dtype!r}")
+    plan = []
+    for ranks in config.ranks:
+        for variant in config.variants:
+            try:
+                case.check_ranks(ranks, variant)
+            except InputError as error:
+                if config.variants_named:
+                    raise
+                config.skipped.append(f"skipped {variant} on {ranks} ranks: {error}")
+                continue
+            plan.append((ranks, variant))
+    return plan
+
+
+def _sleeping_barrier(comm, interval=1e-3):
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(interval)
+
+
+def _threads_for(sub, requested):
+    if requested:
+        return requested
+    node = sub.Split_type(MPI.COMM_TYPE_SHARED)
+    per_node = node.size
+    node.Free()
+    return max(1, (os.cpu_count() or 1) // per_node)
+
+
+def run_sweep(comm, case, config, emit):
+    """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``.
+
+    Returns the total number of wrong elements found by the checks (0 when all
+    points are valid or checks are off). Every rank of ``comm`` must call this.
+    """
+    config.variants = parse_variants(case, ",".join(config.variants))
+    plan = plan_points(case, config)
+    results, error = None, None
+    if comm.rank == 0:
+        try:
+            results = ResultsFile(config.csv_path)
+        except InputError as failure:
+            error = str(failure)
+    error = comm.bcast(error, root=0)
+    if error:
+        raise InputError(error)
+    backend = agree(comm, get_backend, config.backend, comm)
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    wrong_total = 0
+    for ranks in sorted({r for r, _ in plan}):
+        sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
+        if sub != MPI.COMM_NULL:
+            threads = _threads_for(sub, config.threads)
+            nodes = len(set(sub.allgather(socket.gethostname())))
+            for variant in [v for r, v in plan if r == ranks]:
+                for size in config.sizes:
+                    base = dict(
+                        suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
+                        dtype=config.dtype, ranks=ranks, nodes=nodes, threads=threads,
+                        scaling=config.scaling, size=size, size_unit=case.size_unit,
+                    )
+                    done = sub.bcast(results is not None and point_key(base) in results.done, root=0)
+                    if done:
+                        continue
+                    with threadpool_limits(limits=threads):
+                        row = _measure_point(sub, case, config, backend, variant, size)
+                    wrong_total += row["wrong"] or 0
+                    if sub.rank == 0:
+                        row.update(base, mpi_library=library, host=socket.gethostname(),
+                                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                        results.append(row)
+                        emit(row)
+            sub.Free()
+        _sleeping_barrier(comm)
+    if results is not None:
+        results.close()
+    return wrong_total
+
+
+def _measure_point(sub, case, config, backend, variant, size):
+    problem = case.problem_size(size, sub.size, config.scaling)
+    default_iters, default_warmup = case.iterations(problem)
+    iters = config.iters or default_iters
+    warmup = default_warmup if config.warmup is None else config.warmup
+    state = agree(sub, case.setup, sub, problem, variant, backend, config.dtype)
+    timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
+    wrong = sub.allreduce(case.check(state)) if config.check else None
+    metrics = case.metrics(state, timing.t_med)
+    params = dict(case.params(state), problem_size=problem, repeats=timing.repeats)
+    return dict(
+        iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
+        gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
+        items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
+        wrong=wrong, params=params, size_label=format_size(size),
+    )

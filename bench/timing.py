@@ -1,0 +1,79 @@
+"""OSU-style timing: warm-up, barrier, per-iteration times, statistics of the slowest rank."""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+#: A timed sample repeats the work until it lasts at least this long, so that
+#: microsecond operations are not lost in barrier skew and timer overhead.
+MIN_SAMPLE_SECONDS = 1e-3
+MAX_REPEATS = 1000
+
+
+@dataclass
+class Timing:
+    """Seconds per run of the slowest rank: minimum, median and maximum over iterations.
+
+    ``repeats`` is how many runs each timed sample averaged (1 unless one run is
+    shorter than `MIN_SAMPLE_SECONDS`).
+    """
+
+    t_min: float
+    t_med: float
+    t_max: float
+    iters: int
+    warmup: int
+    repeats: int
+
+
+def measure(comm, run, iters, warmup, synchronize=None):
+    """Time ``run()`` on every rank of ``comm`` and return the `Timing` of the slowest rank.
+
+    Each of ``iters`` samples starts after a barrier and times ``repeats`` calls of
+    ``run``; a sample's time on each rank is its elapsed time divided by ``repeats``,
+    and the sample's time is the maximum over ranks (one ``Allreduce`` of the
+    ``iters`` times at the end, outside the timed region). ``repeats`` is chosen
+    after the warm-up from the slowest rank's time of one run, the same on every rank.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The ranks taking part.
+    run : callable
+        The timed work; it must leave no device work pending, or pass ``synchronize``.
+    iters, warmup : int
+        Timed iterations (>= 1) and untimed warm-up runs (>= 0).
+    synchronize : callable, optional
+        Called after each sample's runs, inside the timed region (device streams).
+    """
+    synchronize = synchronize or (lambda: None)
+    for _ in range(warmup):
+        run()
+    synchronize()
+    comm.Barrier()
+    start = MPI.Wtime()
+    run()
+    synchronize()
+    one_run = comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+    repeats = 1
+    if one_run < MIN_SAMPLE_SECONDS:
+        repeats = min(MAX_REPEATS, math.ceil(MIN_SAMPLE_SECONDS / max(one_run, 1e-9)))
+    samples = np.empty(iters)
+    for index in range(iters):
+        comm.Barrier()
+        start = MPI.Wtime()
+        for _ in range(repeats):
+            run()
+        synchronize()
+        samples[index] = (MPI.Wtime() - start) / repeats
+    slowest = np.empty_like(samples)
+    comm.Allreduce(samples, slowest, op=MPI.MAX)
+    return Timing(
+        t_min=float(slowest.min()),
+        t_med=float(np.median(slowest)),
+        t_max=float(slowest.max()),
+        iters=iters,
+        warmup=warmup,
+        repeats=repeats,
+    )

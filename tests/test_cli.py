@@ -1,0 +1,133 @@
+"""The command line end to end, as a user runs it: exit codes, one-line errors, resumable CSV."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+TIMEOUT = 180
+
+
+def mlscale(*args):
+    """Run ``mlscale ARGS`` from a shell; return (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def mlscale_under_mpi(ranks, *args):
+    """Run ``mpiexec -n RANKS mlscale run ARGS`` (as inside a batch job)."""
+    done = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "bench.cli", "run", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def rows_of(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_list_names_every_suite_and_variant():
+    status, out, _ = mlscale("list")
+    assert status == 0
+    assert "allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree" in out
+    assert "p2p: variants latency, bandwidth" in out
+
+
+def test_sweep_measures_every_point_then_resumes(tmp_path):
+    path = str(tmp_path / "allreduce.csv")
+    args = ["sweep", "allreduce", "--np", "3", "--ranks", "1:3", "--sizes", "8,24K", "--iters", "2",
+            "--warmup", "0", "--csv", path]
+    status, out, err = mlscale(*args)
+    assert status == 0, err
+    rows = rows_of(path)
+    assert len(rows) == 3 * 5 * 2
+    assert {row["wrong"] for row in rows} == {"0"}
+    assert {row["ranks"] for row in rows} == {"1", "2", "3"}
+    assert all(float(row["t_min_s"]) <= float(row["t_med_s"]) <= float(row["t_max_s"]) for row in rows)
+    assert "busbw_GB/s" in out
+    status, out, err = mlscale(*args)
+    assert status == 0, err
+    assert "nothing measured" in out
+    assert len(rows_of(path)) == 30
+
+
+def test_weak_scaling_and_p2p_rows(tmp_path):
+    path = str(tmp_path / "p2p.csv")
+    status, _, err = mlscale("sweep", "p2p", "--np", "2", "--sizes", "8,1K", "--iters", "3", "--csv", path,
+                             "--scaling", "weak")
+    assert status == 0, err
+    rows = rows_of(path)
+    assert [(r["variant"], r["size"]) for r in rows] == [("latency", "8"), ("latency", "1024"),
+                                                         ("bandwidth", "8"), ("bandwidth", "1024")]
+    assert rows[0]["metric"] == "latency_us" and float(rows[0]["metric_value"]) > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "nosuch"], "unknown suite 'nosuch'"),
+    (["run", "allreduce", "--variants", "ring,bogus"], "unknown variant 'bogus'"),
+    (["run", "allreduce", "--sizes", "8:12Q"], "malformed size"),
+    (["run", "allreduce", "--sizes", "9:15"], "no power of two"),
+    (["run", "allreduce", "--ranks", "1,x"], "malformed rank list"),
+    (["run", "allreduce", "--ranks", "2"], "asked for 2 ranks but the MPI job has 1"),
+    (["run", "allreduce", "--iters", "0"], "--iters must be >= 1"),
+    (["run", "allreduce", "--dtype", "int8"], "runs dtype float64 or float32"),
+    (["run", "allreduce", "--sizes", "12", "--dtype", "float64"], "not a whole number of float64"),
+    (["run", "p2p", "--variants", "latency"], "even rank count"),
+    (["run", "allreduce", "--backend", "cupy"], "backend"),
+    (["run", "allreduce", "--csv", "/proc/no/such/dir/x.csv"], "cannot write results"),
+    (["report", "/no/such.csv"], "no such results file"),
+    (["bogus-command"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_status_2(args, message):
+    status, out, err = mlscale(*args)
+    assert status == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_foreign_csv_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    status, _, err = mlscale("run", "allreduce", "--sizes", "8", "--csv", str(path))
+    assert status == 2 and "not an mlscale results file" in err
+    assert path.read_text() == "a,b\n1,2\n"
+
+
+def test_a_rank_that_raises_aborts_the_job_with_one_line(tmp_path):
+    path = str(tmp_path / "x.csv")
+    status, _, err = mlscale_under_mpi(3, "tests.fake_cases:RaisesOnRankOne", "--csv", path)
+    assert status != 0
+    assert "mlscale: rank 1: RuntimeError: boom on purpose" in err
+    assert len(rows_of(path)) == 0
+
+
+def test_setup_failing_on_one_rank_is_reported_by_rank_0_without_abort(tmp_path):
+    status, _, err = mlscale_under_mpi(3, "tests.fake_cases:SetupFailsOnLastRank", "--csv",
+                                       str(tmp_path / "x.csv"))
+    assert status == 1
+    assert err.strip() == "mlscale: error: rank 2: MemoryError: no room on purpose"
+
+
+def test_a_failed_check_exits_1_and_keeps_the_row(tmp_path):
+    path = str(tmp_path / "x.csv")
+    status, _, err = mlscale_under_mpi(2, "tests.fake_cases:AlwaysWrong", "--csv", path)
+    assert status == 1 and "2 wrong elements" in err
+    assert [row["wrong"] for row in rows_of(path)] == ["2"]
+
+
+def test_report_gives_speedup_and_reference_ratio(tmp_path):
+    path = str(tmp_path / "a.csv")
+    assert mlscale("sweep", "allreduce", "--np", "2", "--ranks", "1,2", "--sizes", "1K", "--iters", "2",
+                   "--variants", "mpi,ring", "--csv", path)[0] == 0
+    status, out, err = mlscale("report", path, "--out", str(tmp_path / "rep"))
+    assert status == 0, err
+    table = rows_of(str(tmp_path / "rep" / "scaling.csv"))
+    assert len(table) == 4
+    mpi_rows = [r for r in table if r["variant"] == "mpi"]
+    assert [float(r["vs_ref"]) for r in mpi_rows] == [1.0, 1.0]
+    assert float(mpi_rows[0]["speedup"]) == 1.0
+    assert "## allreduce" in (tmp_path / "rep" / "summary.md").read_text()
