@@ -1,0 +1,137 @@
+"""Hand-written collectives against NumPy references on any rank count."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from kernels.distribution import block_range
+from kernels.errors import InputError
+from parallel.collectives import ALLREDUCE_ALGORITHMS, allgather_ring, reduce_scatter_ring
+
+ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
+LENGTHS = [0, 1, "p-1", 7, 1000, 1001]
+DTYPES = [np.float32, np.float64]
+NUMPY_OPS = {"sum": np.sum, "max": np.max}
+
+
+def _length(length, comm):
+    return comm.size - 1 if length == "p-1" else length
+
+
+def _contribution(rank, n, dtype):
+    """Small rank-dependent integers (some negative), so sums are exact in float32."""
+    return ((np.arange(n) * 7 + rank * 13) % 29 - 14).astype(dtype)
+
+
+def _reference(comm, n, dtype, op):
+    return NUMPY_OPS[op]([_contribution(r, n, dtype) for r in range(comm.size)], axis=0).astype(dtype)
+
+
+def _on_all_ranks(comm, verdict):
+    return comm.allreduce(bool(verdict), op=MPI.LAND)
+
+
+def _buffers(mine, in_place, recv_size):
+    """(sendbuf, recvbuf) holding ``mine`` as input, in place or not."""
+    if in_place:
+        return MPI.IN_PLACE, mine.copy()
+    return mine.copy(), np.full(recv_size, -99, dtype=mine.dtype)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_allreduce_matches_numpy(comm, algorithm, length, dtype, in_place, op):
+    n = _length(length, comm)
+    mine = _contribution(comm.rank, n, dtype)
+    sendbuf, recvbuf = _buffers(mine, in_place, n)
+    result = ALLREDUCE_ALGORITHMS[algorithm](comm, sendbuf, recvbuf, op=op)
+    assert result is recvbuf
+    assert _on_all_ranks(comm, result.dtype == dtype and np.array_equal(result, _reference(comm, n, dtype, op)))
+    assert _on_all_ranks(comm, in_place or np.array_equal(sendbuf, mine))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_allreduce_of_random_floats_is_close_to_mpi_and_identical_on_all_ranks(comm, algorithm):
+    n = 1003
+    mine = np.random.default_rng(comm.rank).standard_normal(n)
+    expected = np.empty(n)
+    comm.Allreduce(mine, expected, op=MPI.SUM)
+    result = ALLREDUCE_ALGORITHMS[algorithm](comm, mine, np.empty(n))
+    on_rank_zero = result.copy()
+    comm.Bcast(on_rank_zero, root=0)
+    assert _on_all_ranks(comm, np.allclose(result, expected, rtol=1e-12, atol=1e-12))
+    assert _on_all_ranks(comm, np.array_equal(result, on_rank_zero))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_reduce_scatter_ring_leaves_each_rank_its_block(comm, length, dtype, in_place, op):
+    n = _length(length, comm)
+    start, stop = block_range(n, comm.size, comm.rank)
+    mine = _contribution(comm.rank, n, dtype)
+    sendbuf, recvbuf = _buffers(mine, in_place, stop - start)
+    result = reduce_scatter_ring(comm, sendbuf, recvbuf, op=op)
+    block = result[start:stop] if in_place else result
+    assert result is recvbuf
+    assert _on_all_ranks(comm, np.array_equal(block, _reference(comm, n, dtype, op)[start:stop]))
+    if in_place:
+        untouched = np.ones(n, dtype=bool)
+        untouched[start:stop] = False
+        assert _on_all_ranks(comm, np.array_equal(result[untouched], mine[untouched]))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allgather_ring_assembles_every_block(comm, length, dtype, in_place):
+    n = _length(length, comm)
+    start, stop = block_range(n, comm.size, comm.rank)
+    expected = (np.arange(n) * 3 + 1).astype(dtype)
+    if in_place:
+        sendbuf, recvbuf = MPI.IN_PLACE, np.full(n, -1, dtype=dtype)
+        recvbuf[start:stop] = expected[start:stop]
+    else:
+        sendbuf, recvbuf = expected[start:stop].copy(), np.full(n, -1, dtype=dtype)
+    assert allgather_ring(comm, sendbuf, recvbuf) is recvbuf
+    assert _on_all_ranks(comm, np.array_equal(recvbuf, expected))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_unknown_op_is_an_input_error(algorithm):
+    buffer = np.zeros(4)
+    with pytest.raises(InputError, match="unknown reduction op"):
+        ALLREDUCE_ALGORITHMS[algorithm](MPI.COMM_SELF, buffer.copy(), buffer, op="prod")
+    with pytest.raises(InputError, match="unknown reduction op"):
+        reduce_scatter_ring(MPI.COMM_SELF, buffer.copy(), buffer, op="min")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(
+    "sendbuf, recvbuf, message",
+    [
+        (np.zeros(4, np.float32), np.zeros(4), "dtype|float32"),
+        (np.zeros(5), np.zeros(4), "items"),
+        (np.zeros(4, np.int64), np.zeros(4, np.int64), "supported"),
+        (np.zeros((2, 2)), np.zeros(4), "1-D"),
+        (np.zeros(8)[::2], np.zeros(4), "contiguous"),
+        ([0.0] * 4, np.zeros(4), "NumPy"),
+    ],
+)
+def test_bad_buffers_are_input_errors(algorithm, sendbuf, recvbuf, message):
+    with pytest.raises(InputError, match=message):
+        ALLREDUCE_ALGORITHMS[algorithm](MPI.COMM_SELF, sendbuf, recvbuf)
+
+
+def test_reduce_scatter_and_allgather_check_block_sizes():
+    with pytest.raises(InputError, match="block 0"):
+        reduce_scatter_ring(MPI.COMM_SELF, np.zeros(5), np.zeros(4))
+    with pytest.raises(InputError, match="block 0"):
+        allgather_ring(MPI.COMM_SELF, np.zeros(3), np.zeros(4))
