@@ -10,6 +10,7 @@ TEST_RANKS ?= 1 2 3 4
 # Seconds allowed for each MPI test launch before it is killed.
 TEST_TIMEOUT ?= 900
 RESULTS ?= results
+REPORT ?= report
 
 .PHONY: sweep test venv clean
 
@@ -25,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 sweep: $(STAMP)
 	$(VENV)/bin/mlscale sweep p2p --np 2 --sizes 8:1M --csv $(RESULTS)/p2p.csv
 	$(VENV)/bin/mlscale sweep allreduce --np $(NPROC) --ranks 1:$(NPROC) --sizes 8:4M --csv $(RESULTS)/allreduce.csv
-	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out report
+	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out $(REPORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not mpi" -p no:cacheprovider -q

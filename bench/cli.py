@@ -10,6 +10,7 @@ import os
 import sys
 
 from bench.registry import SUITES, get_case
+from bench.slurm import add_slurm_options, command_slurm
 from bench.units import parse_ranks, parse_sizes
 from kernels.backend import BACKENDS
 from kernels.errors import InputError
@@ -55,6 +56,9 @@ def build_parser():
     report = commands.add_parser("report", help="speedup and efficiency tables from results CSVs")
     report.add_argument("csv", nargs="+")
     report.add_argument("--out", default="report", help="folder for scaling.csv and summary.md")
+    slurm = commands.add_parser("slurm", help="render (and --submit) sbatch scripts for a sweep over node counts")
+    _measure_options(slurm)
+    add_slurm_options(slurm)
     return parser
 
 
@@ -173,6 +177,8 @@ def main(argv=None):
             return command_sweep(args, argv)
         if args.command == "report":
             return command_report(args, out)
+        if args.command == "slurm":
+            return command_slurm(args, argv, out)
         return command_run(args, out, err)
     except InputError as error:
         if rank == 0:
