@@ -115,6 +115,12 @@ class Case:
         """`Metrics` of one run of the point ``state`` that took ``seconds``."""
         raise NotImplementedError
 
+    def predict(self, variant, size, ranks, calib):
+        """Modelled seconds of one run from the alpha-beta-gamma constants ``calib`` (see
+        `bench.model`), or None when the suite declares no cost model. ``size`` is the
+        problem size (after `problem_size`)."""
+        return None
+
     def params(self, state):
         """Extra settings of a point worth recording (a dict), written to the CSV's ``params``."""
         return {}

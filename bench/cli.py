@@ -55,7 +55,14 @@ def build_parser():
     sweep.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
     report = commands.add_parser("report", help="speedup and efficiency tables from results CSVs")
     report.add_argument("csv", nargs="+")
-    report.add_argument("--out", default="report", help="folder for scaling.csv and summary.md")
+    report.add_argument("--out", default="report", help="folder for scaling.csv, fits.csv, summary.md, plots")
+    report.add_argument("--model", help="calibration JSON from `mlscale calibrate`: predicted beside measured")
+    report.add_argument("--project", help="rank counts to extrapolate to with --model, e.g. 64,256,1024")
+    report.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    calibrate = commands.add_parser("calibrate", help="measure alpha, beta, gamma on 2 ranks; write JSON")
+    calibrate.add_argument("--out", default="calib.json", help="where to write the constants")
+    calibrate.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
+    calibrate.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     slurm = commands.add_parser("slurm", help="render (and --submit) sbatch scripts for a sweep over node counts")
     _measure_options(slurm)
     add_slurm_options(slurm)
@@ -138,7 +145,7 @@ def command_sweep(args, argv):
         raise InputError(f"--np must be >= 1, got {np_}")
     make_config(args, np_)
     forwarded = _strip_options(argv[1:], {"--np": True, "--launcher": True})
-    return run_under_mpi(np_, args.launcher, forwarded)
+    return run_under_mpi(np_, args.launcher, ["run"] + forwarded)
 
 
 def _strip_options(argv, options):
@@ -157,10 +164,43 @@ def _strip_options(argv, options):
 
 
 def command_report(args, out):
+    from bench.model import load_calibration
     from bench.report import write_report
 
-    for line in write_report(args.csv, args.out):
+    calib = load_calibration(args.model) if args.model else None
+    if args.project and not calib:
+        raise InputError("--project needs --model CALIB.json (run mlscale calibrate first)")
+    project = parse_ranks(args.project, 1 << 40) if args.project else ()
+    for line in write_report(args.csv, args.out, calib, project, args.plots):
         out(line)
+    return EXIT_OK
+
+
+def command_calibrate(args, argv, out):
+    """From a shell: start 2 ranks running this command again; inside the job: measure and write JSON."""
+    if not args.in_job:
+        from bench.launch import run_under_mpi
+
+        forwarded = _strip_options(argv, {"--launcher": True}) + ["--in-job"]
+        return run_under_mpi(2, args.launcher, forwarded)
+    import json
+
+    from mpi4py import MPI
+
+    from bench.model import calibrate
+
+    comm = MPI.COMM_WORLD
+    constants = calibrate(comm)
+    if comm.rank == 0:
+        try:
+            with open(args.out, "w") as handle:
+                json.dump(constants, handle, indent=2)
+        except OSError as error:
+            raise InputError(f"cannot write {args.out}: {error.strerror}") from None
+        out(f"calibrate: alpha {constants['alpha_s'] * 1e6:.2f} us, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"
+            f" GB/s, 1/gamma {1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy "
+            f"{constants['memcpy_bytes_per_s'] / 1e9:.2f} GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} "
+            f"GFLOP/s per thread -> {args.out}")
     return EXIT_OK
 
 
@@ -177,6 +217,8 @@ def main(argv=None):
             return command_sweep(args, argv)
         if args.command == "report":
             return command_report(args, out)
+        if args.command == "calibrate":
+            return command_calibrate(args, argv, out)
         if args.command == "slurm":
             return command_slurm(args, argv, out)
         return command_run(args, out, err)

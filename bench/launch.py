@@ -41,8 +41,8 @@ def launch_command(np_, launcher, program):
 
 
 def run_under_mpi(np_, launcher, arguments):
-    """Run ``mlscale run ARGUMENTS`` on ``np_`` ranks and return its exit status."""
-    program = [sys.executable, "-m", "bench.cli", "run"] + list(arguments)
+    """Run ``mlscale ARGUMENTS`` (a sub-command and its options) on ``np_`` ranks; return its exit status."""
+    program = [sys.executable, "-m", "bench.cli"] + list(arguments)
     command = launch_command(np_, launcher, program)
     try:
         return subprocess.call(command)

@@ -1,11 +1,15 @@
-"""Scaling reports from results CSVs: speedup, parallel efficiency, Karp-Flatt serial fraction.
+"""Scaling reports from results CSVs: speedup, efficiency, Karp-Flatt, Amdahl / Gustafson fits, models.
 
 For every suite / benchmark / variant / backend / dtype / scaling / size, the time
 at p ranks is compared with the time at the smallest rank count measured (1
-when present): speedup S = T_base / T_p (strong scaling; base 1), efficiency
-E = S / p for strong scaling and T_1 / T_p for weak scaling, and the Karp-Flatt
-serial fraction e = (1/S - 1/p) / (1 - 1/p). Each variant is also compared with
-the suite's reference variant measured at the same point (``vs_ref`` = T_ref / T).
+when present): speedup S = T_base / T_p x base ranks (strong scaling), efficiency
+E = S / p (strong) or T_1 / T_p (weak), and the Karp-Flatt serial fraction
+e = (1/S - 1/p) / (1 - 1/p). Each variant is also compared with the suite's
+reference variant at the same point (``vs_ref`` = T_ref / T). Groups with two or
+more rank counts get a least-squares Amdahl serial fraction f (strong:
+1/S = f + (1 - f)/p) or Gustafson serial fraction s (weak: p E = p - s (p - 1)).
+With a calibration (`bench.model`), each point gets the suite's predicted time and
+the relative error, and ``project`` rank counts get predictions only.
 """
 import csv
 import os
@@ -17,56 +21,87 @@ from bench.units import format_size
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size")
-SCALING_COLUMNS = GROUP + ("ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref", "wrong")
+SCALING_COLUMNS = GROUP + ("ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref",
+                           "predicted_s", "model_error", "busbw_gbs", "wrong")
+FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction")
+PROJECTION_COLUMNS = GROUP + ("ranks", "predicted_s")
 
 
 def load_results(paths):
-    """Rows of every CSV in ``paths``; a later row replaces an earlier one of the same point and rank count."""
-    latest = {}
+    """Rows of every CSV in ``paths``; a later row replaces an earlier one of the same point."""
+    latest, schemas = {}, set()
     for path in paths:
         if not os.path.isfile(path):
             raise InputError(f"no such results file: {path}")
         for row in read_rows(path):
+            schemas.add(row["schema"])
             latest[tuple(row[c] for c in GROUP) + (row["ranks"],)] = row
+    if len(schemas) > 1:
+        raise InputError(f"mixed schema versions {', '.join(sorted(schemas))} in {', '.join(paths)}: "
+                         "report each version separately")
     if not latest:
         raise InputError(f"no measured points in {', '.join(paths)}")
     return list(latest.values())
 
 
-def scaling_table(rows):
-    """One dict per row with speedup, efficiency, Karp-Flatt fraction and ratio to the reference variant."""
+class _Suites:
+    """Cases by suite name, loaded once; None for a suite this installation cannot load."""
+
+    def __init__(self):
+        self._cases = {}
+
+    def __getitem__(self, name):
+        if name not in self._cases:
+            try:
+                self._cases[name] = get_case(name)
+            except InputError:
+                self._cases[name] = None
+        return self._cases[name]
+
+
+def _predict(case, key, ranks, calib):
+    if case is None or calib is None:
+        return None
+    suite, benchmark, variant, backend, dtype, scaling, size = key
+    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, calib)
+
+
+def scaling_table(rows, calib=None, suites=None):
+    """One dict per row: speedup, efficiency, Karp-Flatt, ratio to the reference variant, model."""
+    suites = suites or _Suites()
     groups = defaultdict(list)
     for row in rows:
         groups[tuple(row[c] for c in GROUP)].append(row)
     reference = {}
     for key, members in groups.items():
-        if key[2] == _reference_variant(key[0], rows):
+        case = suites[key[0]]
+        ref_variant = case.variants[0] if case else next(r["variant"] for r in rows if r["suite"] == key[0])
+        if key[2] == ref_variant:
             for row in members:
-                reference[(key[0], key[1]) + key[3:] + (row["ranks"],)] = float(row["t_med_s"])
+                reference[_peer_key(key, row["ranks"])] = float(row["t_med_s"])
     table = []
     for key in sorted(groups, key=_sort_key):
         members = sorted(groups[key], key=lambda r: int(r["ranks"]))
-        base = members[0]
-        base_ranks, base_time = int(base["ranks"]), float(base["t_med_s"])
+        base_ranks, base_time = int(members[0]["ranks"]), float(members[0]["t_med_s"])
+        strong = key[5] == "strong"
         for row in members:
             ranks, seconds = int(row["ranks"]), float(row["t_med_s"])
-            speedup = base_time / seconds * (base_ranks if row["scaling"] == "strong" else 1)
-            efficiency = speedup / ranks if row["scaling"] == "strong" else base_time / seconds
-            ref_time = reference.get((key[0], key[1]) + key[3:] + (row["ranks"],))
+            speedup = base_time / seconds * (base_ranks if strong else 1)
+            ref_time = reference.get(_peer_key(key, row["ranks"]))
+            predicted = _predict(suites[key[0]], key, ranks, calib)
             table.append(dict(
-                zip(GROUP, key), ranks=ranks, t_med_s=seconds, speedup=speedup, efficiency=efficiency,
-                karp_flatt=_karp_flatt(speedup, ranks) if row["scaling"] == "strong" and base_ranks == 1 else None,
-                vs_ref=ref_time / seconds if ref_time else None, wrong=row["wrong"],
+                zip(GROUP, key), ranks=ranks, t_med_s=seconds, speedup=speedup,
+                efficiency=speedup / ranks if strong else base_time / seconds,
+                karp_flatt=_karp_flatt(speedup, ranks) if strong and base_ranks == 1 else None,
+                vs_ref=ref_time / seconds if ref_time else None, predicted_s=predicted,
+                model_error=(predicted - seconds) / seconds if predicted is not None else None,
+                busbw_gbs=float(row["busbw_gbs"]) if row["busbw_gbs"] else None, wrong=row["wrong"],
             ))
     return table
 
 
-def _reference_variant(suite, rows):
-    """The suite's reference variant (its first), or the first variant in the results if the suite will not load."""
-    try:
-        return get_case(suite).variants[0]
-    except InputError:
-        return next(row["variant"] for row in rows if row["suite"] == suite)
+def _peer_key(key, ranks):
+    return (key[0], key[1]) + key[3:] + (str(ranks),)
 
 
 def _karp_flatt(speedup, ranks):
@@ -80,41 +115,125 @@ def _sort_key(key):
     return suite, benchmark, backend, dtype, scaling, variant, int(size)
 
 
-def write_report(paths, out_dir):
-    """Write ``scaling.csv`` and ``summary.md`` into ``out_dir``; return lines to print."""
+def serial_fractions(table):
+    """Amdahl (strong) or Gustafson (weak) serial fraction per group with >= 2 rank counts, base 1 rank."""
+    groups = defaultdict(list)
+    for entry in table:
+        groups[tuple(entry[c] for c in GROUP)].append(entry)
+    fits = []
+    for key, entries in groups.items():
+        counts = [e["ranks"] for e in entries]
+        if len(entries) < 2 or counts[0] != 1:
+            continue
+        points = [(e["ranks"], e["speedup"], e["efficiency"]) for e in entries if e["ranks"] > 1]
+        if key[5] == "strong":
+            xs = [1 - 1 / p for p, _, _ in points]
+            ys = [1 / s - 1 / p for p, s, _ in points]
+            law = "amdahl"
+        else:
+            xs = [p - 1 for p, _, _ in points]
+            ys = [p - p * e for p, _, e in points]
+            law = "gustafson"
+        fraction = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        fits.append(dict(zip(GROUP, key), rank_counts=" ".join(map(str, counts)), law=law,
+                         serial_fraction=fraction))
+    return fits
+
+
+def projections(table, calib, rank_counts, suites=None):
+    """Predicted seconds at ``rank_counts`` for every group whose suite declares a cost model."""
+    suites = suites or _Suites()
+    keys = sorted({tuple(e[c] for c in GROUP) for e in table}, key=_sort_key)
+    rows = []
+    for key in keys:
+        for ranks in rank_counts:
+            predicted = _predict(suites[key[0]], key, ranks, calib)
+            if predicted is not None:
+                rows.append(dict(zip(GROUP, key), ranks=ranks, predicted_s=predicted))
+    return rows
+
+
+def write_report(paths, out_dir, calib=None, project=(), plots=True):
+    """Write scaling.csv, fits.csv, summary.md (and projection.csv, PNG plots) into ``out_dir``.
+
+    Returns the lines to print.
+    """
     rows = load_results(paths)
-    table = scaling_table(rows)
+    suites = _Suites()
+    table = scaling_table(rows, calib, suites)
+    fits = serial_fractions(table)
+    projected = projections(table, calib, project, suites) if calib and project else []
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "scaling.csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=SCALING_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({k: _cell(v, "{:.6g}") for k, v in entry.items()} for entry in table)
-    lines = _markdown(table)
-    with open(os.path.join(out_dir, "summary.md"), "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+    written = [_write_csv(out_dir, "scaling.csv", SCALING_COLUMNS, table),
+               _write_csv(out_dir, "fits.csv", FIT_COLUMNS, fits)]
+    if projected:
+        written.append(_write_csv(out_dir, "projection.csv", PROJECTION_COLUMNS, projected))
+    summary = os.path.join(out_dir, "summary.md")
+    with open(summary, "w") as handle:
+        handle.write("\n".join(_markdown(table, fits, projected, calib)) + "\n")
+    written.append(summary)
+    notes = []
+    if plots:
+        try:
+            from bench.plots import plot_suites
+        except ImportError:
+            notes.append("report: no plots: matplotlib is missing (pip install 'mlscale[plot]')")
+        else:
+            written += plot_suites(table, out_dir)
+    notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
     counts = sorted({entry["ranks"] for entry in table})
-    notes = [f"report: {len(rows)} points from {len(paths)} file(s) -> {out_dir}/scaling.csv, {out_dir}/summary.md"]
     if len(counts) < 2:
         notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
+    errors = [abs(e["model_error"]) for e in table if e["model_error"] is not None]
+    if errors:
+        errors.sort()
+        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
+                     f"max {errors[-1]:.0%} over {len(errors)} points")
     return notes
 
 
-def _markdown(table):
+def _write_csv(out_dir, name, columns, entries):
+    path = os.path.join(out_dir, name)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: _cell(v, "{:.6g}") for k, v in entry.items()} for entry in entries)
+    return path
+
+
+def _markdown(table, fits, projected, calib):
     lines = ["# mlscale scaling report", ""]
-    by_suite = defaultdict(list)
-    for entry in table:
-        by_suite[entry["suite"]].append(entry)
-    for suite, entries in by_suite.items():
+    if calib:
+        lines += [f"Model constants: alpha {calib['alpha_s'] * 1e6:.2f} us, "
+                  f"1/beta {1 / calib['beta_s_per_byte'] / 1e9:.2f} GB/s, "
+                  f"1/gamma {1 / calib['gamma_s_per_byte'] / 1e9:.2f} GB/s "
+                  f"({calib.get('host', '?')}, {calib.get('mpi_library', '?')}).", ""]
+    for suite in dict.fromkeys(e["suite"] for e in table):
         lines += [f"## {suite}", "",
-                  "| variant | scaling | size | ranks | t_med (us) | speedup | efficiency | Karp-Flatt | vs ref | wrong |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for e in entries:
+                  "| variant | scaling | size | ranks | t_med (us) | speedup | efficiency | Karp-Flatt | vs ref "
+                  "| model (us) | model error | wrong |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e in (e for e in table if e["suite"] == suite):
+            predicted = e["predicted_s"] * 1e6 if e["predicted_s"] is not None else None
+            error = f"{e['model_error']:+.0%}" if e["model_error"] is not None else ""
             lines.append(
                 f"| {e['variant']} | {e['scaling']} | {format_size(int(e['size']))} | {e['ranks']} | "
                 f"{e['t_med_s'] * 1e6:.2f} | {_cell(e['speedup'])} | {_cell(e['efficiency'])} | "
-                f"{_cell(e['karp_flatt'])} | {_cell(e['vs_ref'])} | {e['wrong']} |"
-            )
+                f"{_cell(e['karp_flatt'])} | {_cell(e['vs_ref'])} | {_cell(predicted, '{:.2f}')} | {error} | "
+                f"{e['wrong']} |")
         lines.append("")
+        suite_fits = [f for f in fits if f["suite"] == suite]
+        if suite_fits:
+            lines += ["| variant | size | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
+            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | "
+                      f"{f['serial_fraction']:.3f} | {f['rank_counts']} |" for f in suite_fits]
+            lines.append("")
+        suite_projection = [p for p in projected if p["suite"] == suite]
+        if suite_projection:
+            lines += ["| variant | size | ranks | predicted (us) |", "|---|---|---|---|"]
+            lines += [f"| {p['variant']} | {format_size(int(p['size']))} | {p['ranks']} | "
+                      f"{p['predicted_s'] * 1e6:.2f} |" for p in suite_projection]
+            lines.append("")
     return lines
 
 

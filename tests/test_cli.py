@@ -131,3 +131,21 @@ def test_report_gives_speedup_and_reference_ratio(tmp_path):
     assert [float(r["vs_ref"]) for r in mpi_rows] == [1.0, 1.0]
     assert float(mpi_rows[0]["speedup"]) == 1.0
     assert "## allreduce" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def test_calibrate_then_report_with_model_and_projection(tmp_path):
+    calib = str(tmp_path / "calib.json")
+    status, out, err = mlscale("calibrate", "--out", calib)
+    assert status == 0, err
+    assert "alpha" in out
+    path = str(tmp_path / "a.csv")
+    assert mlscale("sweep", "allreduce", "--np", "2", "--ranks", "1,2", "--sizes", "64K", "--iters", "2",
+                   "--csv", path)[0] == 0
+    status, out, err = mlscale("report", path, "--out", str(tmp_path / "rep"), "--model", calib,
+                               "--project", "64,1024")
+    assert status == 0, err
+    assert "model error at measured points" in out
+    projected = rows_of(str(tmp_path / "rep" / "projection.csv"))
+    assert {r["ranks"] for r in projected} == {"64", "1024"}
+    status, _, err = mlscale("report", path, "--project", "64")
+    assert status == 2 and "--project needs --model" in err

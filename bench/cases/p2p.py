@@ -91,5 +91,13 @@ class PointToPoint(Case):
                                      metric="latency_us", metric_value=seconds / 2 * 1e6)
         return bandwidth_metrics("sendrecv", WINDOW * state.size, 2, seconds)
 
+    def predict(self, variant, size, ranks, calib):
+        """latency: a round trip, 2 (alpha + n beta); bandwidth: a pipelined window and
+        its acknowledgement, 2 alpha + W n beta."""
+        alpha, beta = calib["alpha_s"], calib["beta_s_per_byte"]
+        if variant == "latency":
+            return 2 * (alpha + size * beta)
+        return 2 * alpha + WINDOW * size * beta
+
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}

@@ -1,0 +1,191 @@
+"""Suite ``dp``: data-parallel training steps (parallel.data_parallel) on real images.
+
+One run is one training step (forward, backward, gradient allreduce, SGD update)
+on the next global batch of ``size`` samples, each rank taking its `block_range`
+shard. Batches walk through the shuffled training split (80 % of the data,
+wrapping around); the other 20 % is the test set.
+
+Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
+(``MPI.Iallreduce`` on each bucket as soon as backward has produced it), and the
+hand-written algorithms of `parallel.collectives` (blocking, after backward).
+
+Settings from environment variables (the command line has no suite options):
+
+- ``MLSCALE_DP_MODEL``: ``mlp`` (default; 784-256-128-10 on MNIST, 64-256-128-10 on
+  digits) or ``cnn`` (`parallel.models.mnist_cnn`, MNIST only).
+- ``MLSCALE_DP_DATASET``: ``mnist`` (default; the 5,000-image sample of
+  `kernels.datasets.load_mnist_sample`) or ``digits`` (1,797 8x8 images).
+- ``MLSCALE_DP_BUCKET_BYTES``: gradient bucket cap in bytes (K/M suffixes; 0: one
+  flat buffer). Default: 0, except 64K for ``mpi_overlap`` (overlap needs buckets).
+- ``MLSCALE_DP_PRECISION``: ``full`` (default: gradients exchanged in the model
+  dtype), ``float16`` or ``bfloat16`` (see `parallel.data_parallel`).
+- ``MLSCALE_DP_MICRO_BATCHES``: micro-batches accumulated per step (default 1).
+
+The check trains a serial model from the same seed on the same global batches
+(as many steps as the point ran, on rank 0), counts the parameters outside
+``rtol`` of it (atol ``rtol * max |w|``: float64 1e-9, float32 1e-3, 16-bit
+exchange 5e-2, since sums in other orders drift apart over the steps), and adds
+the parameters that differ from rank 0's replica on each rank.
+"""
+import functools
+import math
+import os
+import resource
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from bench.case import Case, Metrics
+from bench.units import parse_size
+from kernels.datasets import load_digits, load_mnist_sample, train_test_split
+from kernels.distribution import block_range
+from kernels.errors import InputError
+from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.data_parallel import PRECISIONS, DataParallelTrainer
+from parallel.layers import softmax_cross_entropy
+from parallel.models import accuracy, mlp, mnist_cnn, train_step
+from parallel.optim import SGD
+
+SEED = 2024
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+HIDDEN = (256, 128)
+OVERLAP_BUCKET_BYTES = 64 << 10
+MODELS = ("mlp", "cnn")
+DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
+TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
+SIXTEEN_BIT_TOLERANCE = 5e-2
+
+
+@functools.lru_cache(maxsize=4)
+def _split_data(dataset, flat, dtype):
+    """(train_x, test_x, train_y, test_y) of ``dataset``, loaded once per process."""
+    images, labels = DATASETS[dataset](flat=flat, dtype=np.dtype(dtype))
+    return train_test_split(images, labels, test_fraction=0.2, seed=SEED)
+
+
+def _build_model(name, inputs, dtype):
+    return mnist_cnn(SEED, dtype) if name == "cnn" else mlp((inputs,) + HIDDEN + (10,), SEED, dtype)
+
+
+def _choice(variable, default, choices):
+    value = os.environ.get(variable, default).strip().lower()
+    if value not in choices:
+        raise InputError(f"{variable}={value!r}: choose from {', '.join(choices)}")
+    return value
+
+
+def read_settings(variant):
+    """The suite settings of ``variant`` from the ``MLSCALE_DP_*`` environment variables."""
+    model = _choice("MLSCALE_DP_MODEL", "mlp", MODELS)
+    dataset = _choice("MLSCALE_DP_DATASET", "mnist", tuple(DATASETS))
+    if model == "cnn" and dataset != "mnist":
+        raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist")
+    overlap = variant == "mpi_overlap"
+    bucket_text = os.environ.get("MLSCALE_DP_BUCKET_BYTES", str(OVERLAP_BUCKET_BYTES if overlap else 0))
+    micro_text = os.environ.get("MLSCALE_DP_MICRO_BATCHES", "1").strip()
+    if not micro_text.isdigit() or int(micro_text) < 1:
+        raise InputError(f"MLSCALE_DP_MICRO_BATCHES={micro_text!r}: expected an integer >= 1")
+    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
+                bucket_bytes=parse_size(bucket_text), micro_batches=int(micro_text),
+                precision=_choice("MLSCALE_DP_PRECISION", "full", PRECISIONS))
+
+
+@dataclass
+class _State:
+    comm: object
+    dtype: str
+    size: int
+    settings: dict
+    trainer: object
+    optimizer: object
+    data: tuple
+    local_offsets: np.ndarray
+    steps: int = 0
+    run_seconds: float = 0.0
+
+
+def _rows(step, size, offsets, n_train):
+    """Training-set rows of the samples ``offsets`` of global batch ``step`` (wrapping around)."""
+    return (step * size + offsets) % n_train
+
+
+class DataParallel(Case):
+    name = "dp"
+    benchmark = "data_parallel"
+    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS)
+    size_unit = "samples"
+    size_help = ("global batch size in samples (weak: per rank); one run = one training step; settings "
+                 "MLSCALE_DP_MODEL, _DATASET, _BUCKET_BYTES, _PRECISION, _MICRO_BATCHES (see bench/cases/dp.py)")
+    default_sizes = "32:1K"
+    metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
+                    "params: settings, epoch_s_estimate, peak_rss_mib (ru_maxrss, rank 0), test_accuracy")
+    dtypes = ("float32", "float64")
+
+    def iterations(self, size):
+        return 10, 2
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError("suite 'dp' runs on the numpy backend only")
+        if size < 1:
+            raise InputError(f"dp: the global batch needs at least one sample, got {size}")
+        settings = read_settings(variant)
+        data = _split_data(settings["dataset"], settings["model"] == "mlp", dtype)
+        model = _build_model(settings["model"], data[0].shape[-1], dtype)
+        options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",
+                                                  "precision")}
+        trainer = DataParallelTrainer(model, comm, **options)
+        optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        offsets = np.arange(*block_range(size, comm.size, comm.rank))
+        return _State(comm, dtype, size, settings, trainer, optimizer, data, offsets)
+
+    def run(self, state):
+        start = MPI.Wtime()
+        train_x, _, train_y, _ = state.data
+        rows = _rows(state.steps, state.size, state.local_offsets, len(train_x))
+        state.trainer.train_step(state.optimizer, train_x[rows], train_y[rows], batch_size=state.size)
+        state.steps += 1
+        state.run_seconds += MPI.Wtime() - start
+
+    def check(self, state):
+        trainer = state.trainer
+        expected = np.empty_like(trainer.flat_params)
+        if state.comm.rank == 0:
+            expected[:] = self._serial_parameters(state)
+        state.comm.Bcast(expected, root=0)
+        rtol = TOLERANCES[state.dtype] if state.settings["precision"] == "full" else SIXTEEN_BIT_TOLERANCE
+        close = np.isclose(trainer.flat_params, expected, rtol=rtol, atol=rtol * np.max(np.abs(expected)))
+        return int(np.count_nonzero(~close)) + trainer.replica_mismatches()
+
+    def _serial_parameters(self, state):
+        """Parameters of a serial model trained on the same ``state.steps`` global batches."""
+        train_x, _, train_y, _ = state.data
+        model = _build_model(state.settings["model"], train_x.shape[-1], state.dtype)
+        optimizer = SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        everyone = np.arange(state.size)
+        for step in range(state.steps):
+            rows = _rows(step, state.size, everyone, len(train_x))
+            train_step(model, softmax_cross_entropy, optimizer, train_x[rows], train_y[rows])
+        return np.concatenate([param.ravel() for param, _ in model.parameters()])
+
+    def metrics(self, state, seconds):
+        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
+                       metric_value=_comm_share(state))
+
+    def params(self, state):
+        train_x, test_x, _, test_y = state.data
+        trainer = state.trainer
+        step_seconds = state.run_seconds / state.steps if state.steps else math.nan
+        summary = dict(state.settings, buckets=len(trainer.buckets), parameters=int(trainer.flat_params.size),
+                       lr=LEARNING_RATE, momentum=MOMENTUM, steps=state.steps, comm_share=_comm_share(state),
+                       epoch_s_estimate=math.ceil(len(train_x) / state.size) * step_seconds,
+                       peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if state.comm.rank == 0 and state.steps:
+            summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
+        return summary
+
+
+def _comm_share(state):
+    """Fraction of this rank's step time spent in MPI calls of the gradient exchange."""
+    return state.trainer.comm_seconds / state.run_seconds if state.run_seconds > 0 else math.nan
