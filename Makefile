@@ -26,7 +26,9 @@ $(STAMP): setup.cfg pyproject.toml
 sweep: $(STAMP)
 	$(VENV)/bin/mlscale sweep p2p --np 2 --sizes 8:1M --csv $(RESULTS)/p2p.csv
 	$(VENV)/bin/mlscale sweep allreduce --np $(NPROC) --ranks 1:$(NPROC) --sizes 8:4M --csv $(RESULTS)/allreduce.csv
-	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out $(REPORT)
+	$(VENV)/bin/mlscale calibrate --out $(RESULTS)/calib.json
+	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out $(REPORT) \
+	  --model $(RESULTS)/calib.json --project 64,256,1024
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not mpi" -p no:cacheprovider -q
