@@ -1,0 +1,128 @@
+"""Distributed GEMM (1D, SUMMA, Cannon, 2.5D) against NumPy."""
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from kernels.distmatrix import DistMatrix
+from kernels.distribution import ProcessGrid
+from kernels.errors import InputError
+from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa, grid_25d
+
+# (m, k, n): uneven splits, 1-row / 1-column / 1-inner edges, sizes below the rank count, k = 0.
+SIZES = [(7, 9, 5), (1, 9, 5), (7, 1, 5), (7, 9, 1), (2, 3, 2), (3, 0, 2)]
+DTYPES = [np.float32, np.float64]
+
+
+def operands(size, dtype):
+    m, k, n = size
+    rng = np.random.default_rng(11)
+    return rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+
+
+def assert_product(comm, a, b, layout, multiply):
+    """Distribute a and b, multiply, and check every rank's block of C against NumPy."""
+    A, B = DistMatrix.from_global(a, comm, layout), DistMatrix.from_global(b, comm, layout)
+    timings = {}
+    C = multiply(A, B, timings)
+    expected = (a.astype(np.float64) @ b.astype(np.float64))[C.row_slice, C.col_slice]
+    tolerance = 10 * np.finfo(a.dtype).eps * max(a.shape[1], 1) * (1 + np.abs(a).max(initial=0)) ** 2
+    error = float(np.max(np.abs(C.local - expected), initial=0.0))
+    assert C.shape == (a.shape[0], b.shape[1]) and C.dtype == a.dtype
+    assert comm.allreduce(error, op=MPI.MAX) <= tolerance
+    timing_keys_ok = set(timings) == {"comm", "compute"} or a.shape[1] == 0
+    assert comm.allreduce(int(not timing_keys_ok), op=MPI.SUM) == 0
+
+
+@pytest.fixture(params=[(0, 0), (1, 0), (0, 1)], ids=["square", "one_row", "one_column"])
+def grid(request, comm):
+    grid = ProcessGrid(comm, request.param)
+    yield grid
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("variant", ["ring", "allgather"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES)
+def test_gemm_1d_matches_numpy(comm, size, dtype, variant):
+    a, b = operands(size, dtype)
+    assert_product(comm, a, b, "rows", lambda A, B, t: gemm_1d(A, B, variant, timings=t))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES)
+def test_summa_matches_numpy(comm, grid, size, dtype):
+    a, b = operands(size, dtype)
+    assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=2, timings=t))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("panel", [1, 2, 3, 4, 5, 9, 1000])
+def test_summa_panels_cross_block_boundaries(comm, grid, panel):
+    # k = 9 gives blocks of 5 + 4 (2 parts) or 3 + 3 + 3 or 3 + 2 + 2 + 2: panels 2, 3, 4 straddle them.
+    a, b = operands((7, 9, 5), np.float64)
+    assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=panel, timings=t))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES)
+def test_cannon_matches_numpy_on_square_rank_counts_and_refuses_others(comm, size, dtype):
+    grid = ProcessGrid(comm)
+    a, b = operands(size, dtype)
+    if math.isqrt(comm.size) ** 2 == comm.size:
+        assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
+    else:
+        with pytest.raises(InputError, match="square"):
+            assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", [(7, 9, 5), (2, 3, 2), (1, 1, 1)])
+def test_25d_matches_numpy_where_the_grid_exists(comm, replicas, size, dtype):
+    layers = comm.size // replicas
+    if comm.size % replicas or math.isqrt(layers) ** 2 != layers:
+        with pytest.raises(InputError):
+            grid_25d(comm, replicas)
+        return
+    grid = grid_25d(comm, replicas)
+    assert grid.dims == (math.isqrt(layers),) * 2 + (replicas,)
+    a, b = operands(size, dtype)
+    assert_product(comm, a, b, grid, lambda A, B, t: gemm_25d(A, B, timings=t))
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_mismatched_operands_are_input_errors(comm, grid):
+    a, b = operands((4, 3, 2), np.float64)
+    A, B = DistMatrix.from_global(a, comm, grid), DistMatrix.from_global(b, comm, grid)
+    with pytest.raises(InputError, match="is 4x3 but B is 4x3"):
+        gemm_summa(A, A)
+    with pytest.raises(InputError, match="dtypes differ"):
+        gemm_summa(A, DistMatrix.from_global(b.astype(np.float32), comm, grid))
+    with pytest.raises(InputError, match="panel"):
+        gemm_summa(A, B, panel=0)
+    with pytest.raises(InputError, match="one layout"):
+        gemm_summa(A, DistMatrix.from_global(b, comm, "rows"))
+    rows_a, rows_b = DistMatrix.from_global(a, comm, "rows"), DistMatrix.from_global(b, comm, "rows")
+    with pytest.raises(InputError, match="unknown variant"):
+        gemm_1d(rows_a, rows_b, "broadcast")
+    with pytest.raises(InputError, match="2D ProcessGrid"):
+        gemm_summa(rows_a, rows_b)
+    with pytest.raises(InputError, match="'rows' layout"):
+        gemm_1d(A, B)
+    with pytest.raises(InputError, match="q x q x c"):
+        gemm_25d(A, B)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("replicas", [0, -1, 1.5])
+def test_25d_replica_counts_that_are_not_positive_integers_are_input_errors(comm, replicas):
+    with pytest.raises(InputError, match="replicas"):
+        grid_25d(comm, replicas)

@@ -1,0 +1,93 @@
+"""Distributed GEMV (row, column and 2D blocks) against NumPy."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from kernels.distmatrix import DistMatrix
+from kernels.distribution import ProcessGrid
+from kernels.errors import InputError
+from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
+
+SHAPES = [(7, 5), (1, 1), (1, 6), (6, 1), (2, 3), (5, 0)]
+DTYPES = [np.float32, np.float64]
+ROUTINES = {"rows": gemv_rows, "cols": gemv_cols, "grid": gemv_2d, "grid_one_row": gemv_2d,
+            "grid_one_column": gemv_2d}
+GRID_DIMS = {"grid": (0, 0), "grid_one_row": (1, 0), "grid_one_column": (0, 1)}
+
+
+@pytest.fixture(params=sorted(ROUTINES))
+def layout_name(request):
+    return request.param
+
+
+def layout_of(comm, name):
+    return ProcessGrid(comm, GRID_DIMS[name]) if name in GRID_DIMS else name
+
+
+def free(layout):
+    if isinstance(layout, ProcessGrid):
+        layout.free()
+
+
+def problem(shape, dtype):
+    rng = np.random.default_rng(7)
+    return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gemv_matches_numpy(comm, layout_name, shape, dtype):
+    layout = layout_of(comm, layout_name)
+    a, x = problem(shape, dtype)
+    A = DistMatrix.from_global(a, comm, layout)
+    x_range, y_range = vector_ranges(A)
+    timings = {}
+    y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
+    expected = (a.astype(np.float64) @ x.astype(np.float64))[slice(*y_range)]
+    tolerance = 10 * np.finfo(dtype).eps * max(shape[1], 1) * (1 + np.abs(a).sum(axis=1).max(initial=0))
+    error = float(np.max(np.abs(y - expected), initial=0.0))
+    assert y.dtype == dtype and y.shape == expected.shape
+    assert comm.allreduce(error, op=MPI.MAX) <= tolerance
+    assert set(timings) == {"comm", "compute"}
+    free(layout)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("shape", [(7, 5), (2, 3)])
+def test_vector_ranges_split_x_and_y_over_all_ranks(comm, layout_name, shape):
+    layout = layout_of(comm, layout_name)
+    A = DistMatrix.zeros(shape, comm, layout)
+    for length, ranges in zip(shape[::-1], zip(*comm.allgather(vector_ranges(A)))):
+        covered = sorted(index for start, stop in ranges for index in range(start, stop))
+        assert covered == list(range(length))
+    free(layout)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_x_of_the_wrong_length_is_an_input_error(comm, layout_name):
+    layout = layout_of(comm, layout_name)
+    A = DistMatrix.zeros((4, 5), comm, layout)
+    x_range, _ = vector_ranges(A)
+    too_long = np.zeros(x_range[1] - x_range[0] + 1)
+    with pytest.raises(InputError, match="length"):
+        ROUTINES[layout_name](A, too_long)
+    with pytest.raises(InputError, match="dtype"):
+        ROUTINES[layout_name](A, np.zeros(x_range[1] - x_range[0], np.float32))
+    free(layout)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_matrix_in_another_layout_is_an_input_error(comm):
+    grid = ProcessGrid(comm)
+    on_grid = DistMatrix.zeros((4, 5), comm, grid)
+    in_rows = DistMatrix.zeros((4, 5), comm, "rows")
+    with pytest.raises(InputError, match="'rows' layout"):
+        gemv_rows(on_grid, np.zeros(1))
+    with pytest.raises(InputError, match="'cols' layout"):
+        gemv_cols(in_rows, np.zeros(1))
+    with pytest.raises(InputError, match="2D ProcessGrid"):
+        gemv_2d(in_rows, np.zeros(1))
+    with pytest.raises(InputError, match="DistMatrix"):
+        gemv_rows(np.zeros((4, 5)), np.zeros(5))
+    grid.free()
