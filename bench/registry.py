@@ -6,6 +6,7 @@ from kernels.errors import InputError
 SUITES = {
     "p2p": "bench.cases.p2p:PointToPoint",
     "allreduce": "bench.cases.allreduce:Allreduce",
+    "dp": "bench.cases.dp:DataParallel",
     "ps": "bench.cases.ps:ParameterServer",
 }
 

@@ -21,6 +21,15 @@ Settings from environment variables (the command line has no suite options):
   dtype), ``float16`` or ``bfloat16`` (see `parallel.data_parallel`).
 - ``MLSCALE_DP_MICRO_BATCHES``: micro-batches accumulated per step (default 1).
 
+Recorded: items_per_s (global samples per second); metric ``comm_share``: the
+time rank 0 spent in the MPI calls of the gradient exchange (waits for slower
+ranks included) over its step time, summed over every step of the point; in
+``params`` the settings, ``buckets``, ``steps``, ``epoch_s_estimate`` (rank 0's
+mean step time times the steps per epoch of the training split),
+``peak_rss_mib`` (``resource.getrusage`` ``ru_maxrss`` of rank 0: the process's
+peak so far, earlier points included) and ``test_accuracy`` (rank 0's replica on
+the test split after the point's steps).
+
 The check trains a serial model from the same seed on the same global batches
 (as many steps as the point ran, on rank 0), counts the parameters outside
 ``rtol`` of it (atol ``rtol * max |w|``: float64 1e-9, float32 1e-3, 16-bit
@@ -48,7 +57,7 @@ from parallel.models import accuracy, mlp, mnist_cnn, train_step
 from parallel.optim import SGD
 
 SEED = 2024
-LEARNING_RATE, MOMENTUM = 0.05, 0.9
+LEARNING_RATE, MOMENTUM = 0.01, 0.9
 HIDDEN = (256, 128)
 OVERLAP_BUCKET_BYTES = 64 << 10
 MODELS = ("mlp", "cnn")
@@ -83,11 +92,15 @@ def read_settings(variant):
         raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist")
     overlap = variant == "mpi_overlap"
     bucket_text = os.environ.get("MLSCALE_DP_BUCKET_BYTES", str(OVERLAP_BUCKET_BYTES if overlap else 0))
+    try:
+        bucket_bytes = parse_size(bucket_text)
+    except InputError as error:
+        raise InputError(f"MLSCALE_DP_BUCKET_BYTES: {error}") from None
     micro_text = os.environ.get("MLSCALE_DP_MICRO_BATCHES", "1").strip()
     if not micro_text.isdigit() or int(micro_text) < 1:
         raise InputError(f"MLSCALE_DP_MICRO_BATCHES={micro_text!r}: expected an integer >= 1")
     return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
-                bucket_bytes=parse_size(bucket_text), micro_batches=int(micro_text),
+                bucket_bytes=bucket_bytes, micro_batches=int(micro_text),
                 precision=_choice("MLSCALE_DP_PRECISION", "full", PRECISIONS))
 
 

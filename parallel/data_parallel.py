@@ -1,0 +1,318 @@
+"""Data-parallel training: full model replicas, sharded global batches, allreduced gradients.
+
+Every rank holds the whole model and trains on its block (`block_range`) of each
+global batch. Each rank divides its loss by the *global* batch size, so the sum
+over ranks of the local gradients is the serial mean gradient: one allreduce
+(SUM) gives every replica the gradient of serial training on the global batch,
+and the same optimiser update keeps the replicas identical.
+
+Buckets
+    The gradients live in one contiguous vector (`parallel.models.flat_storage`),
+    cut into buckets: consecutive parameters taken from the last layer backwards
+    (the order backward produces them), grouped while the bucket holds at most
+    ``bucket_bytes`` bytes of gradient (a larger parameter is a bucket of its own;
+    ``bucket_bytes=0``: one bucket, the whole vector). Each bucket is one allreduce.
+Overlap
+    Backward runs layer by layer over ``model.leaves()`` in reverse, which is what
+    `Sequential.backward` does (nested ones too). With ``overlap=True``, as soon as
+    a layer completes a bucket, ``comm.Iallreduce`` starts on it; after every later
+    layer ``MPI.Request.Testall`` lets MPI progress the transfers (MPICH advances
+    non-blocking collectives only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1``);
+    one ``Waitall`` ends the step. Needs ``allreduce="mpi"``: the hand-written
+    algorithms are blocking.
+Accumulation
+    ``micro_batches = m`` splits each rank's shard into ``m`` blocks run one after
+    another; their gradients are summed in a buffer and exchanged once, during the
+    last micro-batch's backward. The sum is the gradient of the whole batch.
+Reduced precision (``precision="float16"`` or ``"bfloat16"``)
+    Master weights, optimiser and local gradients keep the model's dtype; only
+    the exchange is 16-bit. bfloat16 is the upper half of a float32, rounded to
+    nearest even. With ``allreduce="mpi"`` the 16-bit values travel as 16-bit
+    words (half the bytes of float32): float16 as MPI's float16 with ``MPI.SUM``,
+    bfloat16 as uint16 upper halves with a user-defined op that widens to float32,
+    adds and rounds back. The hand-written algorithms reduce float32 / float64
+    only, so with them the rounded values travel in the gradient dtype (for
+    bfloat16: float32 with the low 16 bits zero) and the sum is rounded to the
+    16-bit format at the end: same input and output rounding, float32 partial
+    sums, no bytes saved.
+
+Communication cost per step and rank: one allreduce per bucket, i.e. the cost of
+the chosen algorithm (`parallel.collectives`) summed over buckets; for the ring
+``2 (p-1) B alpha + 2 (p-1)/p n beta`` for ``B`` buckets of ``n`` bytes in total.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from kernels.distribution import block_range
+from kernels.errors import InputError
+from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.layers import softmax_cross_entropy
+from parallel.models import flat_storage
+
+ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
+PRECISIONS = ("full", "float16", "bfloat16")
+
+
+def shard(n, comm):
+    """Return the slice of a global batch of ``n`` samples that ``comm.rank`` trains on (`block_range`)."""
+    return slice(*block_range(n, comm.size, comm.rank))
+
+
+def bucket_bounds(param_sizes, itemsize, bucket_bytes):
+    """Return the buckets of a flat vector as ``(start, stop)`` pairs, last parameters first.
+
+    Parameters
+    ----------
+    param_sizes : sequence of int
+        Element counts of the parameters, in flat-vector order.
+    itemsize : int
+        Bytes per element.
+    bucket_bytes : int
+        Cap on a bucket's bytes; a parameter larger than the cap is a bucket of its
+        own. 0: one bucket holding everything.
+    """
+    bounds = []
+    start = stop = int(sum(param_sizes))
+    for size in reversed(param_sizes):
+        if bucket_bytes and start < stop and (stop - start + size) * itemsize > bucket_bytes:
+            bounds.append((start, stop))
+            stop = start
+        start -= size
+    bounds.append((start, stop))
+    return bounds
+
+
+def bfloat16_bits(values):
+    """Return ``values`` rounded to bfloat16 (nearest, ties to even) as uint16 upper halves of float32."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    tie_to_even = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
+
+
+def bfloat16_values(bits):
+    """Return the float32 numbers of bfloat16 ``bits`` (uint16 upper halves; low 16 bits zero)."""
+    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _bfloat16_sum(incoming, partial, datatype):
+    """MPI user op: ``partial = bf16(float32(incoming) + float32(partial))`` on uint16 words."""
+    incoming = np.frombuffer(incoming, dtype=np.uint16)
+    partial = np.frombuffer(partial, dtype=np.uint16)
+    partial[:] = bfloat16_bits(bfloat16_values(incoming) + bfloat16_values(partial))
+
+
+_USER_OPS = {}
+
+
+def _bfloat16_sum_op():
+    """The MPI op of `_bfloat16_sum`, created once per process."""
+    if "bfloat16" not in _USER_OPS:
+        _USER_OPS["bfloat16"] = MPI.Op.Create(_bfloat16_sum, commute=True)
+    return _USER_OPS["bfloat16"]
+
+
+# precision -> (pack to 16-bit words, unpack to float32, dtype of the words, MPI op on the words)
+_SIXTEEN_BIT = {
+    "float16": (lambda x: np.asarray(x, dtype=np.float16), lambda w: w.astype(np.float32), np.float16,
+                lambda: MPI.SUM),
+    "bfloat16": (bfloat16_bits, bfloat16_values, np.uint16, _bfloat16_sum_op),
+}
+
+
+class _WireFormat:
+    """How a bucket's gradients are encoded before the allreduce and decoded after it.
+
+    ``full``: the gradients are reduced in place (no encoding). ``native`` 16-bit:
+    16-bit words with their own MPI op. Otherwise (hand-written algorithms) the
+    gradients are rounded to the 16-bit format in their own dtype before and after.
+    """
+
+    def __init__(self, precision, native, grad_dtype):
+        self.full = precision == "full"
+        self.dtype, self.op = grad_dtype, MPI.SUM
+        if self.full:
+            return
+        pack, unpack, words, make_op = _SIXTEEN_BIT[precision]
+        if native:
+            self.dtype, self.op = np.dtype(words), make_op()
+            self.encode, self.decode = pack, unpack
+        else:
+            self.encode = self.decode = lambda values: unpack(pack(values))
+
+
+class DataParallelTrainer:
+    """Train a replica of ``model`` on each rank's shard of every global batch.
+
+    Parameters
+    ----------
+    model : Layer
+        A `Sequential` (or single layer) whose backward equals running
+        ``model.leaves()`` backwards in reverse; the same seed on every rank (rank
+        0's parameters are broadcast at construction anyway). Its parameters and
+        gradients are moved into `flat_params` / `flat_grads`.
+    comm : MPI.Comm
+    allreduce : str
+        ``"mpi"`` (``MPI.Allreduce`` / ``Iallreduce``) or a key of
+        `parallel.collectives.ALLREDUCE_ALGORITHMS`.
+    bucket_bytes : int
+        Cap on a bucket's gradient bytes (>= 0; 0: one bucket).
+    overlap : bool
+        Start each bucket's ``Iallreduce`` during backward (needs ``"mpi"``).
+    micro_batches : int
+        Micro-batches per rank and step, gradients accumulated (>= 1).
+    precision : {"full", "float16", "bfloat16"}
+        Format of the gradient exchange (see the module docstring).
+    loss : callable
+        ``loss(logits, labels, batch_size) -> (value, dlogits)`` dividing by
+        ``batch_size``, like `softmax_cross_entropy`.
+
+    Attributes
+    ----------
+    flat_params, flat_grads : ndarray, shape (number of parameters,)
+        After `compute_gradients`, ``flat_grads`` holds the global mean gradient.
+    buckets : list of (int, int)
+        ``(start, stop)`` ranges of the flat vectors, in the order they are sent.
+    comm_seconds : float
+        Time spent in MPI calls exchanging gradients (including waits for slower
+        ranks), summed over all steps.
+    """
+
+    def __init__(self, model, comm, allreduce="mpi", bucket_bytes=0, overlap=False, micro_batches=1,
+                 precision="full", loss=softmax_cross_entropy):
+        if allreduce not in ALLREDUCE_CHOICES:
+            raise InputError(f"unknown allreduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
+        if precision not in PRECISIONS:
+            raise InputError(f"unknown gradient precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+        if overlap and allreduce != "mpi":
+            raise InputError(f"overlap needs a non-blocking allreduce: use allreduce 'mpi', not {allreduce!r}")
+        if int(bucket_bytes) != bucket_bytes or bucket_bytes < 0 or int(micro_batches) != micro_batches \
+                or micro_batches < 1:
+            raise InputError(f"need integers bucket_bytes >= 0 and micro_batches >= 1, got {bucket_bytes} "
+                             f"and {micro_batches}")
+        self.model, self.comm, self.loss = model, comm, loss
+        self.allreduce, self.overlap, self.micro_batches = allreduce, bool(overlap), int(micro_batches)
+        self.precision = precision
+        self.flat_params, self.flat_grads = flat_storage(model)
+        comm.Bcast(self.flat_params, root=0)
+        self._layers = [(leaf, sum(array.size for array in leaf.params.values())) for leaf in model.leaves()]
+        sizes = [array.size for leaf, _ in self._layers for array in leaf.params.values()]
+        self.buckets = bucket_bounds(sizes, self.flat_grads.itemsize, int(bucket_bytes))
+        self._format = _WireFormat(precision, allreduce == "mpi", self.flat_grads.dtype)
+        self._grads = [self.flat_grads[start:stop] for start, stop in self.buckets]
+        self._wires = self._grads if self._format.full else \
+            [np.empty(stop - start, self._format.dtype) for start, stop in self.buckets]
+        self._accum = np.empty_like(self.flat_grads) if self.micro_batches > 1 else None
+        self._accumulated = False
+        self._next_bucket = 0
+        self._requests = []
+        self.comm_seconds = 0.0
+
+    def parameters(self):
+        """Return ``[(flat_params, flat_grads)]``, the pairs an optimiser (`parallel.optim.SGD`) updates."""
+        return [(self.flat_params, self.flat_grads)]
+
+    def train_step(self, optimizer, x, y, batch_size=None):
+        """`compute_gradients` on this rank's shard ``x, y``, then ``optimizer.step()``; return the loss share."""
+        value = self.compute_gradients(x, y, batch_size)
+        optimizer.step()
+        return value
+
+    def compute_gradients(self, x, y, batch_size=None):
+        """Leave in `flat_grads` the mean gradient of the global batch whose shard on this rank is ``x, y``.
+
+        Parameters
+        ----------
+        x, y : ndarray, shape (n_local, ...) and (n_local,)
+            This rank's samples and labels (may be empty), e.g. ``x[shard(n, comm)]``.
+        batch_size : int, optional
+            The global batch size (the sum of ``n_local`` over ranks); computed with
+            one small ``allreduce`` when not given.
+
+        Returns
+        -------
+        float
+            This rank's share of the mean loss (the shares add up to the global mean loss).
+        """
+        if len(x) != len(y):
+            raise InputError(f"compute_gradients: {len(x)} samples but {len(y)} labels")
+        if batch_size is None:
+            batch_size = self._timed(self.comm.allreduce, len(x))
+        parts = [slice(*block_range(len(x), self.micro_batches, index)) for index in range(self.micro_batches)]
+        parts = [part for part in parts if part.stop > part.start]
+        self._accumulated, self._next_bucket = False, 0
+        if not parts:
+            self.flat_grads.fill(0)
+        loss = 0.0
+        for number, part in enumerate(parts):
+            value, dlogits = self.loss(self.model.forward(x[part]), y[part], batch_size)
+            loss += value
+            last = number == len(parts) - 1
+            self._backward(dlogits, release_buckets=last)
+            if not last:
+                self._accumulate()
+        self._release_buckets(0)
+        self._finish_exchange()
+        return loss
+
+    def replica_mismatches(self):
+        """Return how many parameters on this rank differ from rank 0's (one ``Bcast`` of the parameters)."""
+        reference = self.flat_params.copy()
+        self.comm.Bcast(reference, root=0)
+        return int(np.count_nonzero(reference != self.flat_params))
+
+    def _timed(self, call, *args, **kwargs):
+        start = MPI.Wtime()
+        result = call(*args, **kwargs)
+        self.comm_seconds += MPI.Wtime() - start
+        return result
+
+    def _backward(self, dy, release_buckets):
+        """Run backward layer by layer; optionally hand each completed bucket to `_bucket_ready`."""
+        remaining = self.flat_grads.size
+        for layer, count in reversed(self._layers):
+            dy = layer.backward(dy)
+            if release_buckets:
+                remaining -= count
+                self._release_buckets(remaining)
+                if self._requests:
+                    self._timed(MPI.Request.Testall, self._requests)
+
+    def _accumulate(self):
+        if self._accumulated:
+            self._accum += self.flat_grads
+        else:
+            np.copyto(self._accum, self.flat_grads)
+            self._accumulated = True
+
+    def _release_buckets(self, remaining):
+        """Mark ready every bucket lying wholly after the first ``remaining`` (not yet produced) gradients."""
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket][0] >= remaining:
+            self._bucket_ready(self._next_bucket)
+            self._next_bucket += 1
+
+    def _bucket_ready(self, index):
+        grads, wire = self._grads[index], self._wires[index]
+        if self._accumulated:
+            start, stop = self.buckets[index]
+            grads += self._accum[start:stop]
+        if not self._format.full:
+            wire[...] = self._format.encode(grads)
+        if self.overlap:
+            self._requests.append(self._timed(self.comm.Iallreduce, MPI.IN_PLACE, wire, op=self._format.op))
+
+    def _finish_exchange(self):
+        if self.overlap:
+            self._timed(MPI.Request.Waitall, self._requests)
+            self._requests = []
+        else:
+            for wire in self._wires:
+                self._timed(self._reduce, wire)
+        if not self._format.full:
+            for grads, wire in zip(self._grads, self._wires):
+                grads[...] = self._format.decode(wire)
+
+    def _reduce(self, wire):
+        if self.allreduce == "mpi":
+            self.comm.Allreduce(MPI.IN_PLACE, wire, op=self._format.op)
+        else:
+            ALLREDUCE_ALGORITHMS[self.allreduce](self.comm, MPI.IN_PLACE, wire)

@@ -1,0 +1,71 @@
+"""Suite ``dp`` end to end through the command line, on the small digits data set."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+SUITE = "bench.cases.dp:DataParallel"
+TIMEOUT = 180
+
+
+def mlscale(settings, *args, ranks=None):
+    """Run ``mlscale ARGS`` (under ``mpiexec -n RANKS`` when given) with ``MLSCALE_DP_*`` ``settings``."""
+    launcher = [MPIEXEC, "-n", str(ranks)] if ranks else []
+    env = dict(os.environ, MLSCALE_DP_DATASET="digits", **settings)
+    done = subprocess.run(launcher + [sys.executable, "-m", "bench.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def rows_of(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_trains_checks_and_records_settings(tmp_path):
+    path = str(tmp_path / "dp.csv")
+    status, out, err = mlscale({}, "sweep", SUITE, "--np", "2", "--ranks", "1,2", "--sizes", "13",
+                               "--variants", "mpi,mpi_overlap,tree", "--iters", "2", "--warmup", "1",
+                               "--csv", path)
+    assert status == 0, err
+    assert "comm_share=" in out
+    rows = rows_of(path)
+    assert [(row["ranks"], row["variant"]) for row in rows] == [
+        ("1", "mpi"), ("1", "mpi_overlap"), ("1", "tree"), ("2", "mpi"), ("2", "mpi_overlap"), ("2", "tree")]
+    assert {row["wrong"] for row in rows} == {"0"}
+    assert {row["dtype"] for row in rows} == {"float32"} and {row["size_unit"] for row in rows} == {"samples"}
+    params = [json.loads(row["params"]) for row in rows]
+    assert [p["bucket_bytes"] for p in params[:3]] == [0, 64 << 10, 0]
+    assert [p["overlap"] for p in params[:3]] == [False, True, False]
+    assert {p["dataset"] for p in params} == {"digits"} and {p["model"] for p in params} == {"mlp"}
+    for row, p in zip(rows, params):
+        assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
+        assert float(row["items_per_s"]) > 0 and p["steps"] >= 4
+        assert 0 <= p["test_accuracy"] <= 1 and p["peak_rss_mib"] > 0 and p["epoch_s_estimate"] > 0
+
+
+def test_reduced_precision_accumulation_and_buckets_in_float64(tmp_path):
+    path = str(tmp_path / "dp.csv")
+    settings = dict(MLSCALE_DP_PRECISION="bfloat16", MLSCALE_DP_MICRO_BATCHES="2", MLSCALE_DP_BUCKET_BYTES="8K")
+    status, _, err = mlscale(settings, "run", SUITE, "--sizes", "7", "--variants", "rabenseifner", "--iters", "2",
+                             "--dtype", "float64", "--csv", path, ranks=2)
+    assert status == 0, err
+    (row,) = rows_of(path)
+    params = json.loads(row["params"])
+    assert row["wrong"] == "0" and row["dtype"] == "float64"
+    assert (params["precision"], params["micro_batches"], params["bucket_bytes"]) == ("bfloat16", 2, 8192)
+    assert params["buckets"] > 2
+
+
+def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
+    path = str(tmp_path / "dp.csv")
+    for settings, message in [(dict(MLSCALE_DP_MODEL="cnn"), "needs 28x28 images"),
+                              (dict(MLSCALE_DP_PRECISION="int8"), "MLSCALE_DP_PRECISION='int8'"),
+                              (dict(MLSCALE_DP_MICRO_BATCHES="0"), "MLSCALE_DP_MICRO_BATCHES='0'"),
+                              (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size")]:
+        status, _, err = mlscale(settings, "run", SUITE, "--sizes", "8", "--variants", "mpi", "--csv", path)
+        assert status == 2, err
+        assert message in err and len(err.strip().splitlines()) == 1
