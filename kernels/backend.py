@@ -34,6 +34,7 @@ class Backend:
         self.name = name
         self.xp = xp
         self.device_buffers_to_mpi = device_buffers_to_mpi
+        self._staging = {}
 
     def synchronize(self):
         """Wait for queued device work (a no-op on the host)."""
@@ -48,22 +49,30 @@ class Backend:
         """Return a NumPy ``array`` in this backend's memory."""
         return self.xp.asarray(array)
 
-    def staged(self, algorithm, *arrays):
-        """Call ``algorithm(*arrays)`` with buffers MPI can take.
+    def staged(self, algorithm, *arrays, outputs=None):
+        """Call ``algorithm(*arrays)`` with buffers MPI can take; return what it returns.
 
-        The arrays are synchronised and passed as they are when MPI takes them;
-        otherwise each is copied to the host, the algorithm runs on the copies, and
-        every copy is written back into its device array afterwards (so in-place
-        algorithms keep working). Returns what the algorithm returns.
+        The arrays are synchronised and passed as they are when MPI takes them.
+        Otherwise each is copied into a pinned host buffer (kept for the next call
+        of the same shape), the algorithm runs on the host copies, and the arrays
+        listed in ``outputs`` (indices; default all) are copied back to the device.
         """
         self.synchronize()
         if self.device_buffers_to_mpi:
             return algorithm(*arrays)
-        host = [self.to_host(a) for a in arrays]
+        host = [self._pinned(slot, a) for slot, a in enumerate(arrays)]
         result = algorithm(*host)
-        for device_array, host_array in zip(arrays, host):
-            device_array.set(host_array)
+        for index in range(len(arrays)) if outputs is None else outputs:
+            arrays[index].set(host[index])
         return result
+
+    def _pinned(self, slot, array):
+        key = (slot, array.shape, array.dtype.str)
+        if key not in self._staging:
+            import cupyx
+
+            self._staging[key] = cupyx.empty_pinned(array.shape, array.dtype)
+        return array.get(out=self._staging[key])
 
 
 def get_backend(name="numpy", comm=None):
@@ -100,4 +109,10 @@ def get_backend(name="numpy", comm=None):
         raise InputError("backend 'cupy': no CUDA GPU is visible on this node")
     cupy.cuda.Device(local_rank % device_count).use()
     cuda_aware = os.environ.get("MLSCALE_CUDA_AWARE", "0") == "1"
+    if cuda_aware:
+        from mpi4py import MPI
+
+        query = getattr(MPI, "Query_cuda_support", None)
+        if query is not None and not query():
+            raise InputError("MLSCALE_CUDA_AWARE=1, but this MPI library says it is not CUDA-aware")
     return Backend("cupy", cupy, cuda_aware)

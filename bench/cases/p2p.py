@@ -4,6 +4,7 @@ Ranks form pairs (r, r + p/2), as in OSU's multi-pair tests; on 2 ranks this is
 osu_latency / osu_bw. Payloads are bytes filled with a known pattern, checked on
 arrival.
 """
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,27 +58,12 @@ class PointToPoint(Case):
         pattern = (np.arange(size) + 7) % 251
         send = backend.from_host(pattern.astype(np.uint8)) if sender else backend.xp.zeros(size, np.uint8)
         recv = backend.xp.zeros(size, np.uint8)
-        ack = backend.xp.zeros(1, np.uint8)
+        ack = np.zeros(1, np.uint8)  # a host buffer: the acknowledgement carries no data
         return _State(comm, backend, variant, size, partner, sender, send, recv, ack)
 
     def run(self, state):
-        comm, partner = state.comm, state.partner
-        if state.variant == "latency":
-            if state.sender:
-                comm.Send(state.send, partner, DATA_TAG)
-                comm.Recv(state.recv, partner, DATA_TAG)
-            else:
-                comm.Recv(state.recv, partner, DATA_TAG)
-                comm.Send(state.recv, partner, DATA_TAG)
-            return
-        if state.sender:
-            requests = [comm.Isend(state.send, partner, DATA_TAG) for _ in range(WINDOW)]
-            MPI.Request.Waitall(requests)
-            comm.Recv(state.ack, partner, ACK_TAG)
-        else:
-            requests = [comm.Irecv(state.recv, partner, DATA_TAG) for _ in range(WINDOW)]
-            MPI.Request.Waitall(requests)
-            comm.Send(state.ack, partner, ACK_TAG)
+        exchange = _ping_pong if state.variant == "latency" else _window
+        state.backend.staged(functools.partial(exchange, state), state.send, state.recv, outputs=(1,))
 
     def check(self, state):
         if state.variant == "bandwidth" and state.sender:
@@ -101,3 +87,23 @@ class PointToPoint(Case):
 
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}
+
+
+def _ping_pong(state, send, recv):
+    comm, partner = state.comm, state.partner
+    if state.sender:
+        comm.Send(send, partner, DATA_TAG)
+        comm.Recv(recv, partner, DATA_TAG)
+    else:
+        comm.Recv(recv, partner, DATA_TAG)
+        comm.Send(recv, partner, DATA_TAG)
+
+
+def _window(state, send, recv):
+    comm, partner = state.comm, state.partner
+    if state.sender:
+        MPI.Request.Waitall([comm.Isend(send, partner, DATA_TAG) for _ in range(WINDOW)])
+        comm.Recv(state.ack, partner, ACK_TAG)
+    else:
+        MPI.Request.Waitall([comm.Irecv(recv, partner, DATA_TAG) for _ in range(WINDOW)])
+        comm.Send(state.ack, partner, ACK_TAG)

@@ -1,0 +1,56 @@
+"""Array backends: NumPy always; CuPy where a GPU and CuPy are present (skipped elsewhere)."""
+import numpy as np
+import pytest
+
+from kernels.backend import get_backend
+from kernels.errors import InputError
+
+
+def _cupy_or_skip():
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA GPU visible")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA GPU visible")
+    return cupy
+
+
+def test_numpy_backend_hands_arrays_to_mpi_as_they_are():
+    backend = get_backend("numpy")
+    array = np.arange(5.0)
+    assert backend.device_buffers_to_mpi
+    assert backend.staged(lambda a: a is array, array) is True
+    assert backend.to_host(array) is array
+
+
+def test_unknown_backend_is_an_input_error():
+    with pytest.raises(InputError, match="unknown backend 'tpu'"):
+        get_backend("tpu")
+
+
+def test_cupy_missing_or_no_gpu_is_one_clear_error():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match="needs CuPy"):
+            get_backend("cupy")
+        return
+    pytest.skip("CuPy is installed here")
+
+
+@pytest.mark.parametrize("cuda_aware", ["0", "1"])
+def test_cupy_staging_writes_results_back_to_the_device(monkeypatch, cuda_aware):
+    cupy = _cupy_or_skip()
+    monkeypatch.setenv("MLSCALE_CUDA_AWARE", cuda_aware)
+    backend = get_backend("cupy")
+    source = cupy.arange(6, dtype=cupy.float64)
+    target = cupy.zeros(6, dtype=cupy.float64)
+
+    def double_into(src, dst):
+        dst[...] = 2 * src
+        return type(dst).__module__.split(".")[0]
+
+    where = backend.staged(double_into, source, target)
+    assert where == ("cupy" if cuda_aware == "1" else "numpy")
+    assert cupy.asnumpy(target).tolist() == [0, 2, 4, 6, 8, 10]
