@@ -1,12 +1,208 @@
-"""``mlscale slurm``: sbatch scripts for sweeps over node counts (being written)."""
+"""``mlscale slurm``: one sbatch script per node count, rendered from the templates in ``slurm/``.
+
+Each script asks for ``--nodes N --ntasks-per-node T``, changes to the submit
+directory and runs ``mlscale run SUITE`` with the forwarded measuring options,
+launched by ``srun --mpi=pmi2`` (default) or the MPI's own ``mpiexec``, with the
+Python that rendered it (so a virtual environment is used on the compute nodes).
+Every job writes its own CSV, ``OUT/SUITE-SCALING[-gpu]-N{nodes}.csv``, so jobs
+never append to one file at the same time; ``mlscale report OUT/*.csv`` reads them
+together.
+
+One script per node count rather than a job array: the elements of a Slurm job
+array share a single resource request, so they cannot differ in ``--nodes``.
+
+Templates (``string.Template``, ``${name}`` fields): ``strong.sbatch`` and
+``weak.sbatch`` (chosen by ``--scaling``) and ``gpu.sbatch`` (chosen by
+``--gpus-per-node``, one rank per GPU, ``--backend cupy``).
+"""
+import os
+import re
+import shlex
+import shutil
+import string
+import subprocess
+import sys
+
+from bench.units import parse_ranks
 from kernels.errors import InputError
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE_DIR = os.path.join(PACKAGE_ROOT, "slurm")
+LAUNCHERS = ("srun", "mpiexec")
+#: Values written into ``#SBATCH`` lines: one word, no quotes or shell syntax.
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:@+=/-]+")
+#: Measuring options forwarded to ``mlscale run`` (``--scaling`` and ``--backend`` come from the template).
+_FORWARDED = (("--variants", "variants"), ("--sizes", "sizes"), ("--ranks", "ranks"), ("--iters", "iters"),
+              ("--warmup", "warmup"), ("--threads", "threads"), ("--dtype", "dtype"))
 
 
 def add_slurm_options(parser):
     """Add the Slurm-specific options to the ``slurm`` sub-command's parser."""
-    parser.add_argument("--nodes", default="1", help="node counts, e.g. 1,2,4")
+    parser.add_argument("--nodes", default="1", help="node counts, one job each, e.g. 1,2,4 (default 1)")
+    parser.add_argument("--ntasks-per-node", type=int,
+                        help="MPI ranks per node (required; with --gpus-per-node it defaults to one per GPU)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs per node: selects the GPU template (--backend cupy)")
+    parser.add_argument("--partition", help="sbatch --partition")
+    parser.add_argument("--time", help="sbatch --time limit, e.g. 00:30:00")
+    parser.add_argument("--account", help="sbatch --account")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="srun",
+                        help="srun --mpi=pmi2 (default) or the MPI's mpiexec inside the allocation")
+    parser.add_argument("--out", default="results", help="folder for the scripts, CSVs and job logs (default results)")
+    parser.add_argument("--submit", action="store_true", help="submit every script with sbatch and print the job ids")
+
+
+def parse_node_counts(text):
+    """Node counts from a comma list (``1,2,4``), sorted, each >= 1."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"malformed --nodes {text!r}: expected node counts such as 1,2,4") from None
+    if not counts:
+        raise InputError("--nodes names no node count")
+    if min(counts) < 1:
+        raise InputError(f"--nodes: node counts must be >= 1, got {min(counts)}")
+    return sorted(set(counts))
+
+
+def choose_template(args):
+    """``gpu`` with --gpus-per-node, else the --scaling (``strong`` or ``weak``); checks the GPU settings."""
+    if args.gpus_per_node is None:
+        if args.backend == "cupy":
+            raise InputError("--backend cupy runs the GPU template, which needs --gpus-per-node")
+        return args.scaling
+    if args.gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if args.backend != "cupy":
+        raise InputError("--gpus-per-node selects the GPU template, which runs --backend cupy: add it")
+    if args.ntasks_per_node not in (None, args.gpus_per_node):
+        raise InputError(f"the GPU template runs one rank per GPU: --ntasks-per-node {args.ntasks_per_node} "
+                         f"differs from --gpus-per-node {args.gpus_per_node}")
+    return "gpu"
+
+
+def check_job_sizes(args, node_counts, tasks_per_node):
+    """Raise `InputError` unless the suite can run on ``nodes * tasks_per_node`` ranks for every node count.
+
+    Returns notes on (rank count, variant) pairs that are skipped in some job.
+    """
+    from bench.cli import make_config
+    from bench.sweep import plan_points
+
+    notes = []
+    for nodes in node_counts:
+        job_size = nodes * tasks_per_node
+        shape = f"{nodes} node(s) x {tasks_per_node} task(s) = {job_size} ranks"
+        if args.ranks and max(parse_ranks(args.ranks, sys.maxsize)) > job_size:
+            raise InputError(f"--ranks {args.ranks} asks for more ranks than the job of {shape}")
+        case, config = make_config(args, job_size)
+        plan = plan_points(case, config)
+        if not plan:
+            try:
+                case.check_ranks(config.ranks[0], config.variants[0])
+            except InputError as error:
+                raise InputError(f"suite {case.name!r} cannot run on {shape}: {error}") from None
+        notes += [f"N{nodes}: {note}" for note in config.skipped]
+    return case, notes
+
+
+def site_options(args):
+    """The optional ``#SBATCH`` lines (partition, time, account) as one block."""
+    lines = []
+    for option, value in (("partition", args.partition), ("time", args.time), ("account", args.account)):
+        if value is None:
+            continue
+        if not _SBATCH_VALUE.fullmatch(value):
+            raise InputError(f"--{option} {value!r} is not a plain sbatch value (no spaces, quotes or shell syntax)")
+        lines.append(f"#SBATCH --{option}={value}")
+    return "\n".join(lines)
+
+
+def run_options(args):
+    """The measuring options as they are passed on to ``mlscale run`` (a string starting with a space)."""
+    words = []
+    for option, attribute in _FORWARDED:
+        value = getattr(args, attribute)
+        if value not in (None, ""):
+            words += [option, str(value)]
+    if not args.check:
+        words.append("--no-check")
+    return "".join(" " + shlex.quote(word) for word in words)
+
+
+def launch_prefix(launcher, ranks):
+    """``srun --mpi=pmi2`` or ``MPIEXEC -n RANKS`` (the MPI beside this Python, see `bench.launch`)."""
+    if launcher == "srun":
+        return "srun --mpi=pmi2"
+    from bench.launch import find_mpiexec
+
+    return f"{shlex.quote(find_mpiexec())} -n {ranks}"
+
+
+def render(template, fields):
+    """The text of ``slurm/TEMPLATE.sbatch`` with ``fields`` substituted (every field must be given)."""
+    with open(os.path.join(TEMPLATE_DIR, f"{template}.sbatch")) as handle:
+        return string.Template(handle.read()).substitute(fields)
+
+
+def render_jobs(args, argv, node_counts, tasks_per_node, template, prefix):
+    """``[(script path, script text)]``, one per node count, named ``OUT/PREFIX-N{nodes}``; nothing is written."""
+    out_dir = os.path.abspath(args.out)
+    common = dict(
+        rendered_by=" ".join(shlex.quote(word) for word in ["mlscale"] + list(argv)).replace("\n", " "),
+        ntasks_per_node=tasks_per_node, gpus_per_node=args.gpus_per_node, site_options=site_options(args),
+        package_root=shlex.quote(PACKAGE_ROOT), python=shlex.quote(sys.executable), suite=shlex.quote(args.suite),
+        scaling=args.scaling, run_options=run_options(args),
+    )
+    jobs = []
+    for nodes in node_counts:
+        stem = os.path.join(out_dir, f"{prefix}-N{nodes}")
+        text = render(template, dict(
+            common, job_name=os.path.basename(stem), nodes=nodes, log=f"{stem}-%j.log", csv=shlex.quote(f"{stem}.csv"),
+            launch=launch_prefix(args.launcher, nodes * tasks_per_node),
+        ))
+        jobs.append((f"{stem}.sbatch", text))
+    return jobs
+
+
+def submit(path):
+    """``sbatch --parsable PATH`` from the current directory; return the job id."""
+    done = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise InputError(f"sbatch rejected {path}: {reason}")
+    return done.stdout.strip().split(";")[0]
 
 
 def command_slurm(args, argv, out):
-    """Render one script per node count; return the exit status."""
-    raise InputError("mlscale slurm is not implemented yet")
+    """Validate everything, write one script per node count, and submit them with ``--submit``.
+
+    Returns the exit status (0); bad input raises `InputError` before any script is
+    written or submitted.
+    """
+    node_counts = parse_node_counts(args.nodes)
+    template = choose_template(args)
+    tasks_per_node = args.ntasks_per_node if args.ntasks_per_node is not None else args.gpus_per_node
+    if tasks_per_node is None:
+        raise InputError("--ntasks-per-node is required (MPI ranks per node)")
+    if tasks_per_node < 1:
+        raise InputError(f"--ntasks-per-node must be >= 1, got {tasks_per_node}")
+    if args.csv:
+        raise InputError("mlscale slurm writes one CSV per node count into --out; drop --csv")
+    if args.submit and shutil.which("sbatch") is None:
+        raise InputError("--submit: no sbatch on PATH (run on a Slurm login node, or drop --submit)")
+    if re.search(r"\s", os.path.abspath(args.out)):
+        raise InputError(f"--out {args.out!r}: the path must not contain spaces (it goes into #SBATCH --output)")
+    case, notes = check_job_sizes(args, node_counts, tasks_per_node)
+    prefix = f"{case.name}-{args.scaling}{'-gpu' if template == 'gpu' else ''}"
+    jobs = render_jobs(args, argv, node_counts, tasks_per_node, template, prefix)
+    os.makedirs(os.path.abspath(args.out), exist_ok=True)
+    for note in notes:
+        out(f"# {note}")
+    for path, text in jobs:
+        with open(path, "w") as handle:
+            handle.write(text)
+    for path, _ in jobs:
+        out(f"submitted job {submit(path)}: {path}" if args.submit else path)
+    csv_glob = os.path.join(args.out, f"{prefix}-N*.csv")
+    out(f"# {'after the jobs' if args.submit else 'sbatch each script, then'}: mlscale report {csv_glob}")
+    return 0
