@@ -10,6 +10,7 @@ import os
 import sys
 
 from bench.registry import SUITES, get_case
+from bench.settings import apply_overrides
 from bench.slurm import add_slurm_options, command_slurm
 from bench.units import parse_ranks, parse_sizes
 from kernels.backend import BACKENDS
@@ -40,6 +41,8 @@ def _measure_options(parser):
     parser.add_argument("--csv", help="results file (default: results/SUITE.csv); finished points are skipped")
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip validation against the serial reference")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a suite setting, exported as MLSCALE_NAME (see `mlscale list SUITE`); repeatable")
 
 
 def build_parser():
@@ -74,6 +77,7 @@ def make_config(args, job_size):
     from bench.case import parse_variants
     from bench.sweep import SweepConfig
 
+    apply_overrides(args.set)
     case = get_case(args.suite)
     variants = parse_variants(case, args.variants)
     for name, value in (("--iters", args.iters), ("--threads", args.threads)):
@@ -98,6 +102,11 @@ def command_list(args, out):
         out(f"{case.name}: variants {', '.join(case.variants)}")
         out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
         out(f"    metrics: {case.metrics_help}")
+    if args.suite:
+        import inspect
+
+        out("")
+        out(inspect.getdoc(sys.modules[type(get_case(args.suite)).__module__]) or "")
     return EXIT_OK
 
 
