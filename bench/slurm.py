@@ -23,11 +23,17 @@ import string
 import subprocess
 import sys
 
+from bench.options import make_config
 from bench.units import parse_ranks
 from kernels.errors import InputError
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEMPLATE_DIR = os.path.join(PACKAGE_ROOT, "slurm")
+# Templates: in the checkout (editable installs), else where setup.cfg's data_files puts them.
+TEMPLATE_DIR = next(
+    (folder for folder in (os.path.join(PACKAGE_ROOT, "slurm"), os.path.join(sys.prefix, "share", "mlscale", "slurm"))
+     if os.path.isdir(folder)),
+    os.path.join(PACKAGE_ROOT, "slurm"),
+)
 LAUNCHERS = ("srun", "mpiexec")
 #: Values written into ``#SBATCH`` lines: one word, no quotes or shell syntax.
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:@+=/-]+")
@@ -85,7 +91,6 @@ def check_job_sizes(args, node_counts, tasks_per_node):
 
     Returns notes on (rank count, variant) pairs that are skipped in some job.
     """
-    from bench.cli import make_config
     from bench.sweep import plan_points
 
     notes = []

@@ -1,0 +1,51 @@
+"""The measuring options shared by ``mlscale run``, ``sweep`` and ``slurm``, and their validation."""
+import os
+
+from bench.case import parse_variants
+from bench.registry import get_case
+from bench.settings import apply_overrides
+from bench.units import parse_ranks, parse_sizes
+from kernels.backend import BACKENDS
+from kernels.errors import InputError
+
+
+def add_measure_options(parser):
+    """Add the options that say what to measure (suite, variants, sizes, ranks...)."""
+    parser.add_argument("suite", help="suite name (see `mlscale list`)")
+    parser.add_argument("--variants", default="", help="comma list; default: all variants of the suite")
+    parser.add_argument("--sizes", help="LO:HI (powers of two) or a comma list; K/M/G suffixes")
+    parser.add_argument("--ranks", help="rank counts, e.g. 1,2,4 or 1:4; default: the job size")
+    parser.add_argument("--scaling", choices=("strong", "weak"), default="strong",
+                        help="weak: the size is per rank")
+    parser.add_argument("--iters", type=int, help="timed iterations per point")
+    parser.add_argument("--warmup", type=int, help="untimed runs before timing")
+    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy")
+    parser.add_argument("--dtype", help="element type (default: the suite's first)")
+    parser.add_argument("--csv", help="results file (default: results/SUITE.csv); finished points are skipped")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="skip validation against the serial reference")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a suite setting, exported as MLSCALE_NAME (see `mlscale list SUITE`); repeatable")
+
+
+def make_config(args, job_size):
+    """Validate the measuring options against the suite and the job size; return a SweepConfig."""
+    from bench.sweep import SweepConfig
+
+    apply_overrides(args.set)
+    case = get_case(args.suite)
+    variants = parse_variants(case, args.variants)
+    for name, value in (("--iters", args.iters), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        raise InputError(f"--warmup must be >= 0, got {args.warmup}")
+    config = SweepConfig(
+        suite=case.name, variants=variants, sizes=parse_sizes(args.sizes or case.default_sizes),
+        ranks=parse_ranks(args.ranks, job_size) if args.ranks else [job_size],
+        csv_path=args.csv or os.path.join("results", f"{case.name}.csv"), scaling=args.scaling,
+        iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
+        dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
+    )
+    return case, config
