@@ -8,6 +8,7 @@ SUITES = {
     "allreduce": "bench.cases.allreduce:Allreduce",
     "dp": "bench.cases.dp:DataParallel",
     "ps": "bench.cases.ps:ParameterServer",
+    "svm": "bench.cases.svm:SVMSuite",
 }
 
 

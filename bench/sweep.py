@@ -92,7 +92,8 @@ def plan_points(case, config):
     return plan
 
 
-def _sleeping_barrier(comm, interval=1e-3):
+def sleeping_barrier(comm, interval=1e-3):
+    """A barrier that sleeps between polls, so waiting ranks leave their cores to the working ones."""
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(interval)
@@ -151,7 +152,7 @@ def run_sweep(comm, case, config, emit):
                         results.append(row)
                         emit(row)
             sub.Free()
-        _sleeping_barrier(comm)
+        sleeping_barrier(comm)
     if results is not None:
         results.close()
     return wrong_total

@@ -1,0 +1,195 @@
+"""Suite ``svm``: training a binary RBF C-SVM (C = 1, gamma = "scale", tol = 1e-3) serially and in parallel.
+
+Variants: ``sklearn`` (``sklearn.svm.SVC``, the reference), ``smo`` (`svm.svc.SVC`,
+this project's serial SMO), ``dis_smo`` (`svm.dis_smo.DisSMO`), ``cascade``
+(`svm.cascade.CascadeSVM`), ``dcsvm`` (`svm.dcsvm.DCSVM`), ``cpsvm`` and ``casvm``
+(`svm.casvm.CPSVM`, `svm.casvm.CASVM`; imported when a point needs them). The
+serial variants train on rank 0 only while the other ranks wait in a sleeping
+barrier, so their rows on p ranks time one core's work (and leave the rest idle).
+
+Data: environment variable ``MLSCALE_SVM_DATA``, a name of `svm.datasets.NAMES`
+or the path of an svmlight / LIBSVM file (default ``mnist``: the MNIST sample, odd
+vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` for sizes
+beyond a real set's training part). Size is the number of training samples (the
+first of the shuffled training part; weak scaling: samples per rank). Every rank
+loads the whole set, as the estimators expect; one run is one ``fit``.
+
+Check (rank 0 counts, once per point): 1 wrong when the test accuracy falls
+below the sklearn reference's (same data, same settings) by more than the
+variant's tolerance (`TOLERANCE`: 0.5% for the exact solvers, 1% for the cascade,
+whose passes stop on a tolerance, 5% for the approximate DC-SVM, CP-SVM and
+CA-SVM); for ``dis_smo``, plus one per test sample predicted otherwise than by
+the serial SMO without shrinking (same iterates), where that model's decision
+value exceeds ``tol`` in magnitude. The references are computed on rank 0 and
+cached per data set and size.
+
+Metrics: items_per_s = training samples / s; metric ``accuracy`` (test set);
+params: dataset, n_features, n_test, n_sv, n_iter (SMO iterations; cascade: passes),
+bytes_sent (max over ranks, convention of `svm.parallel_common`), predict_s,
+reference_accuracy, tolerance, mismatches (dis_smo).
+"""
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from bench.case import Case, Metrics
+from bench.sweep import sleeping_barrier
+from kernels.errors import InputError
+from svm.datasets import NAMES, load_dataset
+from svm.gram import kernel_product, make_kernel
+from svm.smo import smo_solve
+
+SETTINGS = dict(C=1.0, kernel="rbf", gamma="scale", tol=1e-3)
+#: Estimator of each variant, as ``module:Class`` (imported lazily).
+ESTIMATORS = {"sklearn": "sklearn.svm:SVC", "smo": "svm.svc:SVC", "dis_smo": "svm.dis_smo:DisSMO",
+              "cascade": "svm.cascade:CascadeSVM", "dcsvm": "svm.dcsvm:DCSVM", "cpsvm": "svm.casvm:CPSVM",
+              "casvm": "svm.casvm:CASVM"}
+SERIAL = ("sklearn", "smo")
+#: Largest accuracy drop below the sklearn reference that still passes the check.
+TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "dcsvm": 0.05, "cpsvm": 0.05,
+             "casvm": 0.05}
+_references = {}  # (data, n, kind) -> reference values, on rank 0
+
+
+def data_setting():
+    """``MLSCALE_SVM_DATA`` (default ``mnist``), checked: a known name or an existing file."""
+    data = os.environ.get("MLSCALE_SVM_DATA", "mnist")
+    if data not in NAMES and not Path(data).is_file():
+        raise InputError(f"MLSCALE_SVM_DATA must be one of {', '.join(NAMES)} or an svmlight file, got {data!r}")
+    return data
+
+
+def make_estimator(variant, comm):
+    """A new estimator of ``variant`` with `SETTINGS` (parallel ones on ``comm``)."""
+    module_name, _, class_name = ESTIMATORS[variant].partition(":")
+    try:
+        estimator = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise InputError(f"variant {variant} needs {ESTIMATORS[variant]}, which is not available: {error}") from None
+    return estimator(**SETTINGS) if variant in SERIAL else estimator(comm=comm, **SETTINGS)
+
+
+@dataclass
+class _State:
+    comm: object
+    variant: str
+    data: str
+    model: object
+    X_train: np.ndarray
+    X_test: np.ndarray
+    y_train: np.ndarray
+    y_test: np.ndarray
+    evaluation: Optional[dict] = None
+
+
+class SVMSuite(Case):
+    name = "svm"
+    benchmark = "svm_train"
+    variants = tuple(ESTIMATORS)
+    size_unit = "samples"
+    size_help = "training samples (of MLSCALE_SVM_DATA, default mnist: at most 4,000); one run = one fit"
+    default_sizes = "500,1000,2000,4000"
+    metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params n_sv, n_iter, "
+                    "bytes_sent, predict_s; env MLSCALE_SVM_DATA=mnist|digits|breast_cancer|synthetic|FILE")
+    dtypes = ("float64",)
+
+    def __init__(self):
+        self.data = data_setting()
+
+    def iterations(self, size):
+        return 3, 1
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError(f"suite svm runs on the numpy backend only, not {backend.name!r}")
+        X_train, X_test, y_train, y_test = load_dataset(self.data, n=size, seed=0)
+        model = make_estimator(variant, comm)
+        return _State(comm, variant, self.data, model, X_train, X_test, y_train, y_test)
+
+    def run(self, state):
+        state.evaluation = None
+        if state.variant not in SERIAL:
+            state.model.fit(state.X_train, state.y_train)
+            return
+        if state.comm.rank == 0:
+            state.model.fit(state.X_train, state.y_train)
+        sleeping_barrier(state.comm)
+
+    def check(self, state):
+        evaluation = _evaluate(state)
+        if state.comm.rank != 0:
+            return 0
+        drop = evaluation["reference_accuracy"] - evaluation["accuracy"]
+        return int(drop > TOLERANCE[state.variant] + 1e-12) + evaluation.get("mismatches", 0)
+
+    def metrics(self, state, seconds):
+        return Metrics(items_per_s=len(state.X_train) / seconds if seconds > 0 else None, metric="accuracy",
+                       metric_value=_evaluate(state)["accuracy"])
+
+    def params(self, state):
+        return dict(_evaluate(state), dataset=state.data, n_features=int(state.X_train.shape[1]),
+                    n_test=len(state.X_test), tolerance=TOLERANCE[state.variant])
+
+
+def _evaluate(state):
+    """Accuracy, model figures and references of the last fit, computed once (collective on ``state.comm``)."""
+    if state.evaluation is not None:
+        return state.evaluation
+    comm, model, serial = state.comm, state.model, state.variant in SERIAL
+    figures = None
+    if comm.rank == 0 or not serial:
+        start = MPI.Wtime()
+        predictions = model.predict(state.X_test)
+        predict_s = MPI.Wtime() - start
+        figures = dict(accuracy=float(np.mean(predictions == state.y_test)), n_sv=int(len(model.support_)),
+                       n_iter=int(np.sum(model.n_iter_)), predict_s=predict_s,
+                       bytes_sent=0 if serial else model.bytes_sent_)
+    if serial:
+        figures = comm.bcast(figures, root=0)
+    else:
+        largest = np.array([figures["bytes_sent"], figures["predict_s"]])
+        comm.Allreduce(MPI.IN_PLACE, largest, op=MPI.MAX)
+        figures["bytes_sent"], figures["predict_s"] = round(largest[0]), float(largest[1])
+    references = None
+    if comm.rank == 0:
+        references = dict(reference_accuracy=_reference(state, "sklearn")["accuracy"])
+        if state.variant == "dis_smo":
+            serial_smo = _reference(state, "smo_no_shrinking")
+            decided = np.abs(serial_smo["decision"]) > SETTINGS["tol"]
+            references["mismatches"] = int(np.count_nonzero((predictions != serial_smo["predictions"]) & decided))
+    state.evaluation = dict(figures, **comm.bcast(references, root=0))
+    return state.evaluation
+
+
+def _reference(state, kind):
+    """Test predictions, decision values and accuracy of a serial reference fit (rank 0; cached).
+
+    ``kind`` is ``sklearn`` or ``smo_no_shrinking`` (`svm.smo.smo_solve` with +1 for the
+    larger label, as the parallel SVMs: the iterates `svm.dis_smo` reproduces).
+    """
+    key = (state.data, len(state.X_train), kind)
+    if key not in _references:
+        if kind == "sklearn":
+            model = make_estimator("sklearn", None).fit(state.X_train, state.y_train)
+            predictions, decision = model.predict(state.X_test), model.decision_function(state.X_test)
+        else:
+            predictions, decision = _serial_smo(state.X_train, state.y_train, state.X_test)
+        _references[key] = dict(predictions=predictions, decision=decision,
+                                accuracy=float(np.mean(predictions == state.y_test)))
+    return _references[key]
+
+
+def _serial_smo(X_train, y_train, X_test):
+    """Predictions and decision values on ``X_test`` of ``smo_solve(..., shrinking=False)``."""
+    classes = np.unique(y_train)
+    signs = np.where(y_train == classes[-1], 1.0, -1.0)
+    kernel = make_kernel(SETTINGS["kernel"], X_train, SETTINGS["gamma"])
+    result = smo_solve(X_train, signs, kernel, SETTINGS["C"], SETTINGS["tol"], shrinking=False)
+    support = np.flatnonzero(result.alpha)
+    decision = kernel_product(kernel, X_test, X_train[support], (result.alpha * signs)[support]) + result.bias
+    return classes[(decision > 0).astype(np.int64)], decision

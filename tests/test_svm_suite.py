@@ -1,0 +1,94 @@
+"""The ``svm`` suite (bench/cases/svm.py) end to end through the command line, and its check."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from bench.cases import svm as suite
+from kernels.errors import InputError
+from svm.datasets import load_dataset
+
+pytest.importorskip("sklearn")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE = "bench.cases.svm:SVMSuite"
+TIMEOUT = 180
+
+
+def mlscale(*args, **environment):
+    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
+    env = dict(os.environ, **environment)
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def rows_of(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_of_serial_and_parallel_variants_is_valid(tmp_path):
+    path = str(tmp_path / "svm.csv")
+    status, out, err = mlscale("sweep", SUITE, "--np", "2", "--ranks", "1,2", "--sizes", "150", "--iters", "1",
+                               "--warmup", "0", "--variants", "sklearn,smo,dis_smo,cascade", "--csv", path,
+                               MLSCALE_SVM_DATA="breast_cancer")
+    assert status == 0, err
+    rows = rows_of(path)
+    assert sorted((row["variant"], row["ranks"]) for row in rows) == [
+        (variant, ranks) for variant in ("cascade", "dis_smo", "sklearn", "smo") for ranks in ("1", "2")]
+    assert {row["wrong"] for row in rows} == {"0"} and {row["suite"] for row in rows} == {"svm"}
+    assert "accuracy=" in out
+    for row in rows:
+        params = json.loads(row["params"])
+        assert row["metric"] == "accuracy" and float(row["metric_value"]) == pytest.approx(params["accuracy"], rel=1e-5)
+        assert params["accuracy"] >= params["reference_accuracy"] - params["tolerance"]
+        assert (params["dataset"], params["n_features"], params["n_test"]) == ("breast_cancer", 30, 114)
+        assert params["n_sv"] > 0 and params["n_iter"] > 0 and float(row["items_per_s"]) > 0
+        parallel_on_two = row["variant"] in ("dis_smo", "cascade") and row["ranks"] == "2"
+        assert (params["bytes_sent"] > 0) == parallel_on_two
+        assert params.get("mismatches", 0) == 0
+
+
+@pytest.mark.parametrize("args, environment, message", [
+    (["--sizes", "100"], {"MLSCALE_SVM_DATA": "nosuch"}, "MLSCALE_SVM_DATA must be one of"),
+    (["--sizes", "456"], {"MLSCALE_SVM_DATA": "breast_cancer"}, "has 455 training samples"),
+])
+def test_impossible_settings_are_input_errors(tmp_path, args, environment, message):
+    status, _, err = mlscale("sweep", SUITE, "--np", "1", "--variants", "smo", "--csv", str(tmp_path / "x.csv"),
+                             *args, **environment)
+    assert status == 2 and message in err
+
+
+class _ConstantModel:
+    """A 'fitted model' predicting class 0 everywhere."""
+
+    support_, n_iter_, bytes_sent_ = np.arange(3), 1, 0
+
+    def predict(self, X):
+        return np.zeros(len(X), dtype=np.int64)
+
+
+@pytest.mark.parametrize("variant", ["cascade", "dis_smo"])
+def test_check_counts_a_poor_model_as_wrong(variant):
+    parts = load_dataset("breast_cancer", n=120)
+    state = suite._State(MPI.COMM_SELF, variant, "breast_cancer", _ConstantModel(), *parts)
+    evaluation = suite._evaluate(state)
+    assert evaluation["accuracy"] == pytest.approx(np.mean(parts[3] == 0))
+    assert evaluation["reference_accuracy"] > evaluation["accuracy"] + 0.2
+    wrong = suite.SVMSuite().check(state)
+    if variant == "cascade":
+        assert wrong == 1
+    else:  # plus every test sample the serial SMO puts in class 1 with a clear margin
+        assert wrong == 1 + evaluation["mismatches"] and evaluation["mismatches"] > 50
+
+
+def test_missing_estimator_is_an_input_error(monkeypatch):
+    monkeypatch.setitem(suite.ESTIMATORS, "casvm", "svm.no_such_module:CASVM")
+    with pytest.raises(InputError, match="variant casvm needs svm.no_such_module:CASVM"):
+        suite.make_estimator("casvm", MPI.COMM_SELF)
