@@ -1,33 +1,13 @@
 """The command line end to end, as a user runs it: exit codes, one-line errors, resumable CSV."""
-import csv
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-TIMEOUT = 180
+from tests.clitools import mlscale, rows_of
 
-
-def mlscale(*args):
-    """Run ``mlscale ARGS`` from a shell; return (exit status, stdout, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    return done.returncode, done.stdout, done.stderr
 
 
 def mlscale_under_mpi(ranks, *args):
     """Run ``mpiexec -n RANKS mlscale run ARGS`` (as inside a batch job)."""
-    done = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "bench.cli", "run", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+    return mlscale("run", *args, ranks=ranks)
 
 
 def test_list_names_every_suite_and_variant():

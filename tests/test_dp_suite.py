@@ -1,28 +1,14 @@
 """Suite ``dp`` end to end through the command line, on the small digits data set."""
-import csv
 import json
-import os
-import subprocess
-import sys
+from tests.clitools import mlscale as run_mlscale
+from tests.clitools import rows_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 SUITE = "bench.cases.dp:DataParallel"
-TIMEOUT = 180
 
 
 def mlscale(settings, *args, ranks=None):
-    """Run ``mlscale ARGS`` (under ``mpiexec -n RANKS`` when given) with ``MLSCALE_DP_*`` ``settings``."""
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks else []
-    env = dict(os.environ, MLSCALE_DP_DATASET="digits", **settings)
-    done = subprocess.run(launcher + [sys.executable, "-m", "bench.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+    """Run ``mlscale ARGS`` on the digits data with ``MLSCALE_DP_*`` ``settings``."""
+    return run_mlscale(*args, ranks=ranks, MLSCALE_DP_DATASET="digits", **settings)
 
 
 def test_sweep_trains_checks_and_records_settings(tmp_path):

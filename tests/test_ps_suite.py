@@ -1,9 +1,5 @@
 """The ``ps`` suite end to end through the command line: valid rows, its settings, its input errors."""
-import csv
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -11,23 +7,9 @@ import pytest
 from bench.cases.ps import ParameterServer
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.clitools import mlscale, rows_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = "bench.cases.ps:ParameterServer"
-TIMEOUT = 180
-
-
-def mlscale(*args, **environment):
-    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
-    env = dict(os.environ, **environment)
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=env)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def test_sweep_of_every_mode_is_valid(tmp_path):

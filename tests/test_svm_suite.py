@@ -1,9 +1,5 @@
 """The ``svm`` suite (bench/cases/svm.py) end to end through the command line, and its check."""
-import csv
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,25 +8,11 @@ from mpi4py import MPI
 from bench.cases import svm as suite
 from kernels.errors import InputError
 from svm.datasets import load_dataset
+from tests.clitools import mlscale, rows_of
 
 pytest.importorskip("sklearn")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = "bench.cases.svm:SVMSuite"
-TIMEOUT = 180
-
-
-def mlscale(*args, **environment):
-    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
-    env = dict(os.environ, **environment)
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=env)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def test_sweep_of_serial_and_parallel_variants_is_valid(tmp_path):

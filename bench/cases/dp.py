@@ -38,7 +38,6 @@ the parameters that differ from rank 0's replica on each rank.
 """
 import functools
 import math
-import os
 import resource
 from dataclasses import dataclass
 
@@ -46,7 +45,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.units import parse_size
+from bench.settings import env_choice, env_int, env_size
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -77,31 +76,17 @@ def _build_model(name, inputs, dtype):
     return mnist_cnn(SEED, dtype) if name == "cnn" else mlp((inputs,) + HIDDEN + (10,), SEED, dtype)
 
 
-def _choice(variable, default, choices):
-    value = os.environ.get(variable, default).strip().lower()
-    if value not in choices:
-        raise InputError(f"{variable}={value!r}: choose from {', '.join(choices)}")
-    return value
-
-
 def read_settings(variant):
     """The suite settings of ``variant`` from the ``MLSCALE_DP_*`` environment variables."""
-    model = _choice("MLSCALE_DP_MODEL", "mlp", MODELS)
-    dataset = _choice("MLSCALE_DP_DATASET", "mnist", tuple(DATASETS))
+    model = env_choice("MLSCALE_DP_MODEL", "mlp", MODELS)
+    dataset = env_choice("MLSCALE_DP_DATASET", "mnist", tuple(DATASETS))
     if model == "cnn" and dataset != "mnist":
         raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist")
     overlap = variant == "mpi_overlap"
-    bucket_text = os.environ.get("MLSCALE_DP_BUCKET_BYTES", str(OVERLAP_BUCKET_BYTES if overlap else 0))
-    try:
-        bucket_bytes = parse_size(bucket_text)
-    except InputError as error:
-        raise InputError(f"MLSCALE_DP_BUCKET_BYTES: {error}") from None
-    micro_text = os.environ.get("MLSCALE_DP_MICRO_BATCHES", "1").strip()
-    if not micro_text.isdigit() or int(micro_text) < 1:
-        raise InputError(f"MLSCALE_DP_MICRO_BATCHES={micro_text!r}: expected an integer >= 1")
     return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
-                bucket_bytes=bucket_bytes, micro_batches=int(micro_text),
-                precision=_choice("MLSCALE_DP_PRECISION", "full", PRECISIONS))
+                bucket_bytes=env_size("MLSCALE_DP_BUCKET_BYTES", OVERLAP_BUCKET_BYTES if overlap else 0),
+                micro_batches=env_int("MLSCALE_DP_MICRO_BATCHES", 1),
+                precision=env_choice("MLSCALE_DP_PRECISION", "full", PRECISIONS))
 
 
 @dataclass

@@ -29,13 +29,13 @@ workers' share of time spent waiting on pulls and pushes) or ``max_staleness``
 max_staleness, mean_staleness.
 """
 import functools
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.settings import env_choice, env_int
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -50,26 +50,13 @@ MODELS = {"mlp": lambda dtype: mlp([784, 128, 10], seed=0, dtype=dtype),
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
 
 
-def _integer_setting(name, default, minimum):
-    text = os.environ.get(name, str(default))
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {text!r}")
-    return value
-
-
 def settings():
     """Return ``(servers, staleness, model)`` from the environment; `InputError` when malformed.
 
     Read when the case is made, so a malformed value stops a sweep before it starts.
     """
-    model = os.environ.get("MLSCALE_PS_MODEL", "mlp")
-    if model not in MODELS:
-        raise InputError(f"MLSCALE_PS_MODEL must be one of {', '.join(MODELS)}, got {model!r}")
-    return _integer_setting("MLSCALE_PS_SERVERS", 1, 1), _integer_setting("MLSCALE_PS_STALENESS", 2, 0), model
+    model = env_choice("MLSCALE_PS_MODEL", "mlp", tuple(MODELS))
+    return env_int("MLSCALE_PS_SERVERS", 1), env_int("MLSCALE_PS_STALENESS", 2, minimum=0), model
 
 
 @functools.lru_cache(maxsize=4)
