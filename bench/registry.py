@@ -9,6 +9,8 @@ SUITES = {
     "dp": "bench.cases.dp:DataParallel",
     "ps": "bench.cases.ps:ParameterServer",
     "svm": "bench.cases.svm:SVMSuite",
+    "tp": "bench.cases.tp:TensorParallel",
+    "moe": "bench.cases.moe:MixtureOfExperts",
 }
 
 

@@ -1,0 +1,127 @@
+"""Suite ``moe``: an expert-parallel mixture-of-experts layer (parallel.moe), forward + backward.
+
+Size is the global number of tokens ``T`` (weak scaling: per rank); rank ``r``
+routes its ``block_range(T, p, r)`` tokens. One run is one forward and one
+backward pass of `parallel.moe.ParallelMoE` (all-to-all dispatch and combine).
+Variants ``top1`` and ``top2``: the number of experts per token.
+
+The model grows with the rank count, as expert parallelism does: ``E = experts
+per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per token
+(``k`` experts) does not change with ``p``; capacity per (rank, expert) is
+``ceil(k n_r / E * capacity_factor)`` (`parallel.moe.expert_capacity`).
+
+Settings from environment variables (recorded in params):
+
+- ``MLSCALE_MOE_EXPERTS_PER_RANK``: experts per rank (default 2).
+- ``MLSCALE_MOE_HIDDEN``: token width (default 256); ``MLSCALE_MOE_FFN``: expert
+  inner width (default ``4 x hidden``).
+- ``MLSCALE_MOE_CAPACITY``: capacity factor, a number > 0 (default 1.25).
+The auxiliary-loss weight is fixed at 0.01.
+
+Inputs ``x``, ``dy`` (T, hidden) are standard normal from a seed. Check: on every
+rank, `SerialMoE` (same seeds, the run's dtype, so that routing is identical) on
+all ``T`` tokens with the ranks' shard sizes; every element of this rank's ``y``,
+``dx`` and gradients (gate and owned experts) is compared with ``rtol`` 1e-9
+(float64) or 1e-3 (float32), ``atol = rtol * max |reference|``; a different aux
+loss or drop count adds one wrong element each.
+
+Metrics: items_per_s = tokens/s; gflops counts the expert GEMMs of the kept rows
+(``12 hidden ffn`` flops per row, forward + backward) and the gate (``6 T hidden
+E``). Metric ``dropped_fraction``: dropped assignments / ``k T``. Params: settings,
+``experts``, ``capacity_per_rank``, ``load_imbalance`` (max kept rows per expert /
+mean), ``aux_loss``, and per rank the bytes sent (all-to-all rows exactly,
+allreduces as a ring) and comm share per run and the peak memory estimate of
+`bench.cases.tp` (params, grads, inputs + tracemalloc peak of the first run).
+"""
+import math
+
+import numpy as np
+
+from bench.case import Case, Metrics
+from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
+from bench.settings import env_float, env_int
+from kernels.distribution import block_counts, block_range
+from kernels.errors import InputError
+from parallel.moe import ParallelMoE, expert_capacity
+
+SEED = 2024
+AUX_LOSS_WEIGHT = 0.01
+TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
+TOP_K = {"top1": 1, "top2": 2}
+
+
+def read_settings():
+    """Layer settings from the ``MLSCALE_MOE_*`` environment variables."""
+    hidden = env_int("MLSCALE_MOE_HIDDEN", 256)
+    return dict(experts_per_rank=env_int("MLSCALE_MOE_EXPERTS_PER_RANK", 2), hidden=hidden,
+                ffn=env_int("MLSCALE_MOE_FFN", 4 * hidden),
+                capacity_factor=env_float("MLSCALE_MOE_CAPACITY", 1.25),
+                aux_loss_weight=AUX_LOSS_WEIGHT)
+
+
+class MixtureOfExperts(Case):
+    name = "moe"
+    benchmark = "mixture_of_experts"
+    variants = ("top1", "top2")
+    size_unit = "tokens"
+    size_help = ("global tokens T (weak: per rank); one run = MoE layer forward + backward; settings "
+                 "MLSCALE_MOE_EXPERTS_PER_RANK, _HIDDEN, _FFN, _CAPACITY (see bench/cases/moe.py)")
+    default_sizes = "512:8K"
+    metrics_help = ("items_per_s = tokens/s; gflops of the kept expert rows and the gate; metric dropped_fraction; "
+                    "params: load_imbalance, aux_loss, bytes sent, comm share and peak MB per rank")
+
+    def __init__(self):
+        self.settings = read_settings()
+
+    def check_ranks(self, ranks, variant):
+        if TOP_K[variant] > self.settings["experts_per_rank"] * ranks:
+            raise InputError(f"moe {variant} needs at least {TOP_K[variant]} experts; "
+                             f"{self.settings['experts_per_rank']} per rank on {ranks} ranks")
+
+    def iterations(self, size):
+        return (10, 2) if size <= 4096 else (5, 1)
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError(f"suite moe runs on the numpy backend only, not {backend.name!r}")
+        if size < 1:
+            raise InputError(f"moe: need at least one token, got {size}")
+        self.check_ranks(comm.size, variant)
+        settings = dict(self.settings, experts=self.settings["experts_per_rank"] * comm.size, top_k=TOP_K[variant])
+        layer = ParallelMoE(settings["hidden"], settings["ffn"], settings["experts"], comm, settings["top_k"],
+                            settings["capacity_factor"], SEED, dtype, AUX_LOSS_WEIGHT)
+        rng = np.random.default_rng(SEED)
+        x, dy = (rng.standard_normal((size, settings["hidden"])).astype(dtype) for _ in range(2))
+        return MeasuredState(comm, variant, dtype, size, settings, layer, x, dy,
+                             slice(*block_range(size, comm.size, comm.rank)))
+
+    def run(self, state):
+        run_forward_backward(state)
+
+    def check(self, state):
+        layer, rtol = state.model, TOLERANCES[state.dtype]
+        reference = layer.serial_reference()
+        expected = (reference.forward(state.x, block_counts(state.size, state.comm.size))[state.tokens],
+                    reference.backward(state.dy)[state.tokens])
+        wrong = sum(count_wrong(actual, wanted, rtol) for actual, wanted in zip(state.result, expected))
+        wrong += sum(count_wrong(grad, reference.grads[name], rtol) for name, grad in layer.grads.items())
+        return wrong + (layer.dropped != reference.dropped) + \
+            (not math.isclose(layer.aux_loss, reference.aux_loss, rel_tol=rtol))
+
+    def metrics(self, state, seconds):
+        layer, settings = state.model, state.settings
+        load = layer.expert_load
+        state.summary = dict(
+            per_rank_summary(state, layer.comm_seconds, layer.bytes_sent),
+            capacity_per_rank=[expert_capacity(n, settings["experts"], settings["top_k"], settings["capacity_factor"])
+                               for n in block_counts(state.size, state.comm.size)],
+            load_imbalance=round(float(load.max() / load.mean()), 4) if load.sum() else math.nan,
+            aux_loss=layer.aux_loss, dropped=layer.dropped)
+        rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: math.nan)
+        flops = 12 * settings["hidden"] * settings["ffn"] * int(load.sum()) + \
+            6 * state.size * settings["hidden"] * settings["experts"]
+        return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(state.size), metric="dropped_fraction",
+                       metric_value=layer.dropped / (settings["top_k"] * state.size))
+
+    def params(self, state):
+        return dict(state.settings, **state.summary)

@@ -1,0 +1,118 @@
+"""Suite ``tp``: the tensor-parallel Megatron MLP block (parallel.tensor_parallel), forward + backward.
+
+Size is the number of tokens ``T`` (batch x sequence; weak scaling: per rank).
+One run is one forward and one backward pass of the block ``hidden -> ffn -> hidden``
+(Linear, ReLU, Linear) on ``T`` tokens. Variants:
+
+- ``allreduce``: `ParallelMLP` (Megatron): tokens replicated, one allreduce per pass.
+- ``sequence``: `ParallelMLP` with ``sequence_parallel=True``: each rank holds
+  ``block_range(T, p, rank)`` tokens; allgather + reduce-scatter per pass (any ``T``).
+- ``serial``: the serial block (`serial_mlp`) on one process, the reference. It
+  runs on one rank only: other rank counts are an `InputError` (a sweep skips them).
+
+Both parallel variants split ``ffn`` over the ranks (any remainder; ``ffn >= p``).
+
+Settings from environment variables (recorded in params):
+
+- ``MLSCALE_TP_HIDDEN``: model width ``h`` (default 1024).
+- ``MLSCALE_TP_FFN``: inner width ``f`` (default ``4 h``).
+
+Inputs ``x`` and ``dy`` (T, h) are standard normal from a seed, the same on every
+rank (each keeps its token shard in ``sequence``). Check: on every rank, the full
+serial block in the run's dtype (same seeds) on the same ``x`` and ``dy``; every
+element of this rank's ``y``, ``dx`` and parameter gradients is compared, with
+``rtol`` 1e-9 (float64) or 1e-3 (float32) and ``atol = rtol * max |reference|``.
+The reference is not sampled: it has to run in the run's dtype on the whole
+matrices so that its ReLU masks agree bit for bit with the parallel block's (a
+float64 reference flips masks where the float32 ``h`` is within rounding of 0,
+and one flipped token moves a weight-gradient column by ~1/sqrt(T)).
+
+Metrics: items_per_s = tokens/s; gflops counts ``12 T h f`` flops per run (forward:
+2 GEMMs of ``2 T h f``; backward: 4 GEMMs of the same size). Metric ``comm_share``:
+the largest over ranks of (seconds in the block's MPI calls / run seconds).
+Params: settings, per rank and run the nominal ring bytes sent and comm share,
+and peak memory per rank in MB (1e6 bytes), an estimate: parameter, gradient and
+input arrays plus the ``tracemalloc`` peak (NumPy reports its buffers to it) of
+the point's first run, which the harness never times; MPI's own buffers excluded.
+"""
+import math
+
+import numpy as np
+
+from bench.case import Case, Metrics
+from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
+from bench.settings import env_int
+from kernels.errors import InputError
+from parallel.tensor_parallel import ParallelMLP, serial_mlp, token_shard
+
+SEED = 2024
+TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
+
+
+def read_settings():
+    """Block sizes from ``MLSCALE_TP_HIDDEN`` and ``MLSCALE_TP_FFN``."""
+    hidden = env_int("MLSCALE_TP_HIDDEN", 1024)
+    return dict(hidden=hidden, ffn=env_int("MLSCALE_TP_FFN", 4 * hidden))
+
+
+class TensorParallel(Case):
+    name = "tp"
+    benchmark = "tensor_parallel_mlp"
+    variants = ("allreduce", "sequence", "serial")
+    size_unit = "tokens"
+    size_help = ("tokens T (batch x sequence; weak: per rank); one run = MLP block forward + backward; "
+                 "settings MLSCALE_TP_HIDDEN, MLSCALE_TP_FFN (see bench/cases/tp.py)")
+    default_sizes = "256:4K"
+    metrics_help = ("items_per_s = tokens/s; gflops = 12 T h f / s; metric comm_share (largest rank); "
+                    "params: bytes sent, comm share and peak MB per rank")
+
+    def __init__(self):
+        self.settings = read_settings()
+
+    def check_ranks(self, ranks, variant):
+        if variant == "serial" and ranks != 1:
+            raise InputError(f"tp variant serial runs on one rank, not {ranks}")
+        if self.settings["ffn"] < ranks:
+            raise InputError(f"tp: ffn {self.settings['ffn']} cannot be split over {ranks} ranks")
+
+    def iterations(self, size):
+        return (10, 2) if size <= 2048 else (5, 1)
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError(f"suite tp runs on the numpy backend only, not {backend.name!r}")
+        if size < 1:
+            raise InputError(f"tp: need at least one token, got {size}")
+        self.check_ranks(comm.size, variant)
+        hidden, ffn = self.settings["hidden"], self.settings["ffn"]
+        if variant == "serial":
+            model = serial_mlp(hidden, ffn, SEED, dtype)
+        else:
+            model = ParallelMLP(hidden, ffn, comm, SEED, dtype, sequence_parallel=variant == "sequence")
+        rng = np.random.default_rng(SEED)
+        x, dy = (rng.standard_normal((size, hidden)).astype(dtype) for _ in range(2))
+        tokens = token_shard(size, comm) if variant == "sequence" else slice(None)
+        return MeasuredState(comm, variant, dtype, size, dict(self.settings), model, x, dy, tokens)
+
+    def run(self, state):
+        run_forward_backward(state)
+
+    def check(self, state):
+        reference = serial_mlp(state.settings["hidden"], state.settings["ffn"], SEED, state.dtype)
+        expected = (reference.forward(state.x)[state.tokens], reference.backward(state.dy)[state.tokens])
+        slices = getattr(state.model, "serial_slices", {name: slice(None) for name in reference.params})
+        rtol = TOLERANCES[state.dtype]
+        wrong = sum(count_wrong(actual, wanted, rtol) for actual, wanted in zip(state.result, expected))
+        return wrong + sum(count_wrong(state.model.grads[name], reference.grads[name][index], rtol)
+                           for name, index in slices.items())
+
+    def metrics(self, state, seconds):
+        model = state.model
+        state.summary = per_rank_summary(state, getattr(model, "comm_seconds", 0.0), getattr(model, "bytes_sent", 0))
+        rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: math.nan)
+        flops = 12 * state.size * state.settings["hidden"] * state.settings["ffn"]
+        return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(state.size), metric="comm_share",
+                       metric_value=max(state.summary["comm_share_per_rank"]))
+
+    def params(self, state):
+        return dict(state.settings, **state.summary)

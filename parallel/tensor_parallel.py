@@ -1,0 +1,278 @@
+"""Tensor (Megatron-style) parallelism: column- and row-parallel linear layers and the parallel MLP.
+
+A linear layer ``Y = X W + b`` (``W`` of shape ``(in, out)``, `parallel.layers.Linear`)
+is split over the ``p`` ranks of ``comm`` in one of two ways:
+
+Column-parallel
+    Rank ``r`` holds the columns ``block_range(out, p, r)`` of ``W`` and ``b`` and
+    computes its slice of ``Y`` from the whole ``X``. Conjugate operators: the
+    input is replicated (identity forward) and ``dX`` is a sum over the column
+    blocks (allreduce backward).
+Row-parallel
+    Rank ``r`` holds the rows ``block_range(in, p, r)`` of ``W`` (and the whole ``b``)
+    and computes a partial ``X_r W_r`` from its slice of ``X``. Conjugate operators:
+    the partial products are summed (allreduce forward) and ``dX_r = dY W_r^T``
+    needs no exchange (identity backward). ``b`` is added once, after the sum.
+
+`ParallelMLP` chains them (column -> ReLU -> row, the Megatron block): one
+allreduce of ``T x hidden`` numbers per pass, none in between.
+
+Sequence parallelism (``sequence_parallel=True``): the ``T`` tokens of ``X`` and
+``Y`` are sharded along the first axis, rank ``r`` holding rows
+``block_range(T, p, r)`` (any ``T``, also ``T < p``; another layout is an
+`InputError` on every rank). The column layer allgathers ``X`` (``Allgatherv``)
+forward and reduce-scatters ``dX`` (``Reduce_scatter``) backward; the row layer
+reduce-scatters ``Y`` forward and allgathers ``dY`` backward. The gathered input is
+kept for the weight gradient (Megatron re-gathers it to save memory).
+
+Splits: features need not be divisible by ``p`` (Megatron requires it; here the
+`block_range` blocks differ by at most one), but every rank must hold at least one
+feature of the split axis: ``features < p`` is an `InputError`. All gradients equal
+the slices of the serial layer's gradients that the rank holds (see
+``serial_slices``); the replicated row bias gets the full gradient on every rank.
+
+Communication cost per rank, ``n = T * width * itemsize`` bytes of the exchanged
+activation (width ``in`` for the column layer's ``dX``, ``out`` for the row
+layer's ``Y``), ring algorithms: an allreduce costs ``2 (p-1) alpha + 2 (p-1)/p n
+beta``, an allgather or a reduce-scatter ``(p-1) alpha + (p-1)/p n beta`` (the
+sequence-parallel column forward and row backward add one ``Allgather`` of one
+integer per rank: the token counts). `CommCounter.bytes_sent` adds up these
+nominal ring bytes (``2 (p-1)/p n`` per allreduce, ``(p-1)/p n`` per allgather or
+reduce-scatter, the token counts not included), whatever algorithm MPI picks.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from kernels.distribution import block_counts, block_offsets, block_range
+from kernels.errors import InputError
+from parallel.layers import Linear, ReLU, Sequential
+
+
+class CommCounter:
+    """A communicator whose collectives count this rank's bytes sent and seconds spent.
+
+    Attributes
+    ----------
+    comm : MPI.Comm
+    bytes_sent : int
+        Nominal ring bytes sent so far (see the module docstring).
+    seconds : float
+        Wall time spent inside the communication calls (waits for other ranks included).
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.reset()
+
+    def reset(self):
+        """Zero the counters."""
+        self.bytes_sent, self.seconds = 0, 0.0
+
+    def _ring_bytes(self, nbytes, steps):
+        """Bytes a ring algorithm sends for ``steps`` passes (1 or 2) over ``nbytes``."""
+        return int(round(steps * (self.comm.size - 1) * nbytes / self.comm.size))
+
+    def allreduce(self, array):
+        """Sum a contiguous ``array`` over the ranks, in place; return it."""
+        start = MPI.Wtime()
+        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        self.seconds += MPI.Wtime() - start
+        self.bytes_sent += self._ring_bytes(array.nbytes, 2)
+        return array
+
+    def _token_counts(self, total):
+        """Rows per rank and first rows of the `block_range` layout of ``total`` tokens."""
+        return block_counts(total, self.comm.size), block_offsets(total, self.comm.size)
+
+    def allgather_rows(self, local):
+        """Concatenate every rank's row block ``local`` (rows ``block_range(T, p, rank)``) into ``(T, ...)``."""
+        start = MPI.Wtime()
+        counts = np.empty(self.comm.size, dtype=np.int64)
+        self.comm.Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
+        total = int(counts.sum())
+        rows, offsets = self._token_counts(total)
+        if counts.tolist() != rows:
+            raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
+                             f"block_range layout {rows} of {total} tokens")
+        width = int(np.prod(local.shape[1:]))
+        full = np.empty((total,) + local.shape[1:], dtype=local.dtype)
+        self.comm.Allgatherv(np.ascontiguousarray(local),
+                             [full, ([c * width for c in rows], [o * width for o in offsets])])
+        self.seconds += MPI.Wtime() - start
+        self.bytes_sent += self._ring_bytes(full.nbytes, 1)
+        return full
+
+    def reduce_scatter_rows(self, full):
+        """Sum ``full`` (T, ...) over the ranks and return this rank's rows ``block_range(T, p, rank)``."""
+        start = MPI.Wtime()
+        rows, _ = self._token_counts(full.shape[0])
+        width = int(np.prod(full.shape[1:]))
+        local = np.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
+        self.comm.Reduce_scatter(np.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
+                                 op=MPI.SUM)
+        self.seconds += MPI.Wtime() - start
+        self.bytes_sent += self._ring_bytes(full.nbytes, 1)
+        return local
+
+
+def serial_mlp(hidden, ffn, seed=0, dtype=np.float32):
+    """The serial Megatron block ``Sequential([Linear(hidden, ffn, rng=seed), ReLU(),
+    Linear(ffn, hidden, rng=seed + 1)])``."""
+    return Sequential([Linear(hidden, ffn, rng=seed, dtype=dtype), ReLU(),
+                       Linear(ffn, hidden, rng=seed + 1, dtype=dtype)])
+
+
+def token_shard(tokens, comm):
+    """The slice of ``tokens`` rows that ``comm.rank`` holds under sequence parallelism (`block_range`)."""
+    return slice(*block_range(tokens, comm.size, comm.rank))
+
+
+class _ParallelLinear(Linear):
+    """Shared set-up: build the serial `Linear` from ``rng`` and keep this rank's block of one axis."""
+
+    def __init__(self, in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis):
+        split = (in_features, out_features)[split_axis]
+        if min(in_features, out_features) < 1 or split < comm.size:
+            raise InputError(f"{type(self).__name__}: cannot split {split} {('input', 'output')[split_axis]} "
+                             f"features over {comm.size} ranks (each rank needs at least one; "
+                             f"got in={in_features}, out={out_features})")
+        super().__init__(in_features, out_features, rng=rng, dtype=dtype)
+        self.block = slice(*block_range(split, comm.size, comm.rank))
+        weight_rows = self.block if split_axis == 0 else slice(None)
+        weight_cols = self.block if split_axis == 1 else slice(None)
+        bias_block = self.block if split_axis == 1 else slice(None)
+        #: Where this rank's parameters sit in the serial layer's (``serial.params[name][index]``).
+        self.serial_slices = {"weight": (weight_rows, weight_cols), "bias": bias_block}
+        self._set_params(weight=np.ascontiguousarray(self.params["weight"][weight_rows, weight_cols]),
+                         bias=self.params["bias"][bias_block].copy())
+        self.comm = comm
+        self.sequence_parallel = bool(sequence_parallel)
+        self.counter = counter if counter is not None else CommCounter(comm)
+
+    @property
+    def bytes_sent(self):
+        """Nominal bytes this rank has sent in this layer's exchanges (shared with the block's counter)."""
+        return self.counter.bytes_sent
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Linear layer split by output columns: rank ``r`` holds ``W[:, block_range(out, p, r)]`` and ``b[block]``.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Serial layer sizes; ``out_features >= p``.
+    comm : MPI.Comm
+        The tensor-parallel group (all ranks call every method together).
+    rng : int or numpy.random.Generator
+        Seed of the serial `Linear` whose columns this rank keeps.
+    dtype : numpy dtype
+    sequence_parallel : bool
+        Input rows sharded by token (allgather forward, reduce-scatter backward)
+        instead of replicated (identity forward, allreduce backward).
+    counter : CommCounter, optional
+        Shared counter (a block's layers add into one); a new one by default.
+
+    Shapes: ``forward(x)``: ``x`` (T, in) replicated, or (T_r, in) sharded; returns
+    (T, out_r). ``backward(dy_local)``: (T, out_r); returns ``dx`` (T, in) summed over
+    the ranks, or this rank's (T_r, in) rows of it.
+    """
+
+    def __init__(self, in_features, out_features, comm, rng=0, dtype=np.float32, sequence_parallel=False,
+                 counter=None):
+        super().__init__(in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis=1)
+
+    def forward(self, x):
+        x = np.asarray(x, dtype=self.dtype)
+        return super().forward(self.counter.allgather_rows(x) if self.sequence_parallel else x)
+
+    def backward(self, dy_local):
+        partial = super().backward(np.asarray(dy_local, dtype=self.dtype))
+        return self.counter.reduce_scatter_rows(partial) if self.sequence_parallel else \
+            self.counter.allreduce(partial)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Linear layer split by input rows: rank ``r`` holds ``W[block_range(in, p, r), :]`` and the whole ``b``.
+
+    Parameters as in `ColumnParallelLinear`, with ``in_features >= p``.
+
+    Shapes: ``forward(x_local)``: (T, in_r); returns ``y`` (T, out) summed over the
+    ranks, or this rank's (T_r, out) rows of it. ``backward(dy)``: (T, out)
+    replicated, or (T_r, out) sharded; returns ``dx`` (T, in_r).
+    """
+
+    def __init__(self, in_features, out_features, comm, rng=0, dtype=np.float32, sequence_parallel=False,
+                 counter=None):
+        super().__init__(in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis=0)
+
+    def forward(self, x_local):
+        x_local = np.asarray(x_local, dtype=self.dtype)
+        weight = self.params["weight"]
+        if x_local.ndim != 2 or x_local.shape[1] != weight.shape[0]:
+            raise InputError(f"RowParallelLinear: expected input of shape (batch, {weight.shape[0]}) on rank "
+                             f"{self.comm.rank}, got {x_local.shape}")
+        self._x = x_local
+        partial = x_local @ weight
+        y = self.counter.reduce_scatter_rows(partial) if self.sequence_parallel else self.counter.allreduce(partial)
+        y += self.params["bias"]
+        return y
+
+    def backward(self, dy):
+        dy = np.asarray(dy, dtype=self.dtype)
+        return super().backward(self.counter.allgather_rows(dy) if self.sequence_parallel else dy)
+
+
+class ParallelMLP(Sequential):
+    """Megatron MLP block: `ColumnParallelLinear` (hidden -> ffn), ReLU, `RowParallelLinear` (ffn -> hidden).
+
+    Equal to the serial ``Sequential([Linear(hidden, ffn, rng=seed), ReLU(),
+    Linear(ffn, hidden, rng=seed + 1)])`` (`serial_reference`): the first layer's
+    weights come from seed ``seed``, the second's from ``seed + 1``. Parameter names
+    are the serial block's (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ``"2.bias"``);
+    the arrays are this rank's blocks (``serial_slices``). One `CommCounter` serves
+    both layers: ``bytes_sent`` and ``comm_seconds`` cover the whole block.
+
+    Parameters
+    ----------
+    hidden, ffn : int
+        Model width and inner width; ``ffn >= p`` (split over the ranks, any remainder).
+    comm : MPI.Comm
+    seed : int
+    dtype : numpy dtype
+    sequence_parallel : bool
+        ``x`` and ``y`` (and ``dy``, ``dx``) sharded along the token axis
+        (`token_shard`) instead of replicated.
+
+    Costs per rank and pass (``n = T * hidden * itemsize``): Megatron one allreduce,
+    ``2 (p-1) alpha + 2 (p-1)/p n beta``; sequence-parallel one allgather plus one
+    reduce-scatter, the same bytes, plus one integer allgather for the token counts.
+    """
+
+    def __init__(self, hidden, ffn, comm, seed=0, dtype=np.float32, sequence_parallel=False):
+        self.hidden, self.ffn, self.seed, self.dtype = hidden, ffn, seed, np.dtype(dtype)
+        self.comm, self.sequence_parallel = comm, bool(sequence_parallel)
+        self.counter = CommCounter(comm)
+        super().__init__([
+            ColumnParallelLinear(hidden, ffn, comm, seed, dtype, sequence_parallel, self.counter), ReLU(),
+            RowParallelLinear(ffn, hidden, comm, seed + 1, dtype, sequence_parallel, self.counter)])
+
+    @property
+    def bytes_sent(self):
+        """Nominal ring bytes this rank has sent in the block's exchanges (see the module docstring)."""
+        return self.counter.bytes_sent
+
+    @property
+    def comm_seconds(self):
+        """Seconds this rank has spent in the block's communication calls."""
+        return self.counter.seconds
+
+    @property
+    def serial_slices(self):
+        """``{name: index}``: this rank's ``params[name]`` is ``serial_reference().params[name][index]``."""
+        return {f"{position}.{name}": index for position in (0, 2)
+                for name, index in self.layers[position].serial_slices.items()}
+
+    def serial_reference(self):
+        """The serial block this one equals (`serial_mlp` with the same sizes, seed and dtype)."""
+        return serial_mlp(self.hidden, self.ffn, self.seed, self.dtype)
