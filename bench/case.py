@@ -7,6 +7,7 @@ methods. The harness calls them in this order for every measured point::
     case.run(state)                                            # the timed work, repeated
     wrong = case.check(state)                                  # against the serial reference
     metrics = case.metrics(state, seconds)                     # rates for one run
+    case.teardown(state)                                       # communicators etc.
 
 ``comm`` is the sub-communicator of the ranks taking part; ``size`` is the problem
 size the point runs (for weak scaling already grown with the rank count, see
@@ -114,6 +115,9 @@ class Case:
     def metrics(self, state, seconds):
         """`Metrics` of one run of the point ``state`` that took ``seconds``."""
         raise NotImplementedError
+
+    def teardown(self, state):
+        """Release what `setup` made that outlives the point (communicators); called on every rank."""
 
     def predict(self, variant, size, ranks, calib):
         """Modelled seconds of one run from the alpha-beta-gamma constants ``calib`` (see

@@ -11,6 +11,8 @@ SUITES = {
     "svm": "bench.cases.svm:SVMSuite",
     "tp": "bench.cases.tp:TensorParallel",
     "moe": "bench.cases.moe:MixtureOfExperts",
+    "pp": "bench.cases.pp:Pipeline",
+    "hybrid": "bench.cases.hybrid:Hybrid",
 }
 
 

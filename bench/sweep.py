@@ -168,6 +168,7 @@ def _measure_point(sub, case, config, backend, variant, size):
     wrong = sub.allreduce(case.check(state)) if config.check else None
     metrics = case.metrics(state, timing.t_med)
     params = dict(case.params(state), problem_size=problem, repeats=timing.repeats)
+    case.teardown(state)
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,

@@ -1,0 +1,169 @@
+"""Suite ``hybrid``: data x tensor x pipeline parallel training steps (parallel.hybrid).
+
+The model is a stack of Megatron MLP blocks ``hidden -> ffn -> hidden``, with the
+last block's outputs as ``hidden`` class logits. One run is one training step
+(schedule, gradient allreduce over the replicas, plain SGD, lr 0.01) on a fixed
+synthetic global batch of ``size`` samples (standard normal inputs, uniform labels);
+the ``dp`` replicas take `block_range` shards, each a multiple of the micro-batches.
+
+Variants name the axes that share the ranks: ``dp``, ``tp``, ``pp`` put every rank
+on that axis; ``dp_tp``, ``dp_pp``, ``tp_pp`` and ``dp_tp_pp`` factor the rank count
+with ``MPI_Dims_create`` into one factor per named axis (larger factors first, in
+the name's order), each at least 2; ``grid`` reads the shape from
+``MLSCALE_HYBRID_GRID``. A shape that cannot fit the rank count is an `InputError`
+(the sweep skips it when the variants were not named).
+
+Settings from environment variables (or ``--set HYBRID_GRID=2x1x2``):
+
+- ``MLSCALE_HYBRID_GRID``: ``DPxTPxPP`` (e.g. ``2x1x2``) for variant ``grid``.
+- ``MLSCALE_HYBRID_HIDDEN`` (default 512), ``MLSCALE_HYBRID_FFN`` (default 2048),
+  ``MLSCALE_HYBRID_BLOCKS`` (default 4): block widths and count (``blocks >= pp``,
+  ``ffn >= tp``).
+- ``MLSCALE_HYBRID_MICROBATCHES``: micro-batches per replica and step (default 4).
+- ``MLSCALE_HYBRID_SCHEDULE``: ``1f1b`` (default) or ``gpipe``.
+
+Recorded: items_per_s (samples per second); metric ``comm_share``: ``1 - sum_r
+busy_r / (P max_r step_r)`` over all ``P`` ranks, ``busy`` being computation
+without the tensor-parallel allreduces (so the share covers tensor, pipeline and
+data-parallel communication and the pipeline bubble), seconds summed over the
+point's runs; params: ``dp``, ``tp``, ``pp``, the settings, ``theoretical_bubble``
+of the pipeline axis, and per rank the mean seconds per step in ``compute_s``
+(tensor allreduces included), ``tensor_s``, ``send_s``, ``wait_s`` (pipeline) and
+``allreduce_s`` (data parallel).
+
+Check: as in suite ``pp``: the weights go back to the seed, one more step runs on
+the first ``n'`` samples (``size`` up to 256, else a multiple of ``dp * m``), and
+every rank's shard of every weight is compared with one serial SGD step (rank 0,
+one ``Bcast``).
+"""
+import functools
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from bench.case import Case, Metrics
+from bench.cases.pp import (LEARNING_RATE, Timeline, check_samples, count_wrong, restore, serial_step_parameters,
+                            synthetic_batch)
+from bench.settings import env_choice, env_int
+from kernels.errors import InputError
+from parallel.hybrid import AXES, HybridTrainer, check_grid, serial_model
+from parallel.models import flat_storage
+from parallel.optim import SGD
+from parallel.pipeline import SCHEDULES, theoretical_bubble
+
+SEED = 2024
+GRID_PATTERN = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def parse_grid(text):
+    """``(dp, tp, pp)`` from ``DPxTPxPP`` text such as ``2x1x2``."""
+    match = GRID_PATTERN.match(text)
+    if not match or min(int(value) for value in match.groups()) < 1:
+        raise InputError(f"MLSCALE_HYBRID_GRID={text!r}: expected DPxTPxPP with positive integers, e.g. 2x1x2")
+    return tuple(int(value) for value in match.groups())
+
+
+def grid_for(variant, ranks, grid=None):
+    """The ``(dp, tp, pp)`` shape of ``variant`` on ``ranks`` ranks (``grid``: the shape of variant ``grid``)."""
+    if variant == "grid":
+        if grid is None:
+            raise InputError("hybrid variant 'grid' needs MLSCALE_HYBRID_GRID=DPxTPxPP, e.g. 2x1x2")
+        return grid
+    named = variant.split("_")
+    factors = MPI.Compute_dims(ranks, len(named))
+    if len(named) > 1 and min(factors) < 2:
+        raise InputError(f"hybrid {variant}: {ranks} ranks do not split over {len(named)} axes with at least "
+                         f"2 ranks each")
+    shape = dict(zip(named, factors))
+    return tuple(shape.get(axis, 1) for axis in AXES)
+
+
+@dataclass
+class _State:
+    comm: object
+    dtype: str
+    size: int
+    trainer: HybridTrainer
+    optimizer: SGD
+    data: tuple
+    initial: list
+    timeline: Timeline = field(default_factory=Timeline)
+
+
+class Hybrid(Case):
+    name = "hybrid"
+    benchmark = "hybrid"
+    variants = ("dp", "tp", "pp", "dp_tp", "dp_pp", "tp_pp", "dp_tp_pp", "grid")
+    size_unit = "samples"
+    size_help = ("global batch in samples (weak: per rank); each replica's shard a multiple of the micro-batches; "
+                 "settings MLSCALE_HYBRID_GRID, _HIDDEN, _FFN, _BLOCKS, _MICROBATCHES, _SCHEDULE "
+                 "(bench/cases/hybrid.py)")
+    default_sizes = "64:512"
+    metrics_help = ("items_per_s = samples/s; metric comm_share (communication and bubble share of the step); "
+                    "params: dp, tp, pp, compute_s / tensor_s / send_s / wait_s / allreduce_s per rank")
+    dtypes = ("float32", "float64")
+
+    def __init__(self):
+        grid_text = os.environ.get("MLSCALE_HYBRID_GRID", "").strip()
+        self.grid = parse_grid(grid_text) if grid_text else None
+        self.hidden, self.ffn = env_int("MLSCALE_HYBRID_HIDDEN", 512), env_int("MLSCALE_HYBRID_FFN", 2048)
+        self.blocks = env_int("MLSCALE_HYBRID_BLOCKS", 4)
+        self.micro_batches = env_int("MLSCALE_HYBRID_MICROBATCHES", 4)
+        self.schedule = env_choice("MLSCALE_HYBRID_SCHEDULE", "1f1b", SCHEDULES)
+
+    def check_ranks(self, ranks, variant):
+        check_grid(ranks, *grid_for(variant, ranks, self.grid), self.hidden, self.ffn, self.blocks)
+
+    def iterations(self, size):
+        return 5, 1
+
+    def teardown(self, state):
+        state.trainer.free()
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError("suite 'hybrid' runs on the numpy backend only")
+        dp, tp, pp = grid_for(variant, comm.size, self.grid)
+        trainer = HybridTrainer(comm, dp, tp, pp, self.hidden, self.ffn, self.blocks, self.micro_batches,
+                                self.schedule, SEED, dtype)
+        trainer.check_batch(size)
+        optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE)
+        return _State(comm, dtype, size, trainer, optimizer, synthetic_batch(size, self.hidden, self.hidden, dtype),
+                      [param.copy() for param, _ in trainer.parameters()])
+
+    def run(self, state):
+        tensor_before = state.trainer.tensor_seconds()
+        state.trainer.train_step(state.optimizer, *state.data)
+        state.timeline.add(state.trainer.pipeline.timeline, tensor=state.trainer.tensor_seconds() - tensor_before)
+
+    def check(self, state):
+        trainer = state.trainer
+        restore(trainer.parameters(), state.initial)
+        n = check_samples(state.size, trainer.shape[0] * self.micro_batches)
+        x, y = state.data[0][:n], state.data[1][:n]
+        trainer.train_step(state.optimizer, x, y)
+        build = functools.partial(serial_model, self.hidden, self.ffn, self.blocks, SEED, np.dtype(state.dtype))
+        expected = build()
+        flat_storage(expected)[0][:] = serial_step_parameters(state.comm, build, x, y, state.dtype)
+        return count_wrong([param for param, _ in trainer.parameters()], trainer.shard_of(expected), state.dtype)
+
+    def metrics(self, state, seconds):
+        """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
+        busy = state.timeline.seconds["compute"] - state.timeline.seconds.get("tensor", 0.0)
+        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
+                       metric_value=state.timeline.idle_share(state.comm, busy))
+
+    def params(self, state):
+        """Grid, settings and per-rank seconds per step (collective: one allgather)."""
+        dp, tp, pp = state.trainer.shape
+        kinds = ("compute", "tensor", "send", "wait", "allreduce")
+        per_rank = state.comm.allgather([round(state.timeline.per_step(kind), 6) for kind in kinds])
+        summary = {"dp": dp, "tp": tp, "pp": pp, "hidden": self.hidden, "ffn": self.ffn, "blocks": self.blocks,
+                   "micro_batches": self.micro_batches, "schedule": self.schedule, "steps": state.timeline.steps,
+                   "theoretical_bubble": round(theoretical_bubble(pp, self.micro_batches), 4)}
+        summary.update({f"{kind}_s": list(column) for kind, column in zip(kinds, zip(*per_rank))})
+        return summary

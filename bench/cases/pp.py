@@ -1,0 +1,218 @@
+"""Suite ``pp``: pipeline-parallel training steps (parallel.pipeline), GPipe and 1F1B.
+
+Each rank is one stage of an MLP of ``L`` linear layers of width ``W`` (``W``
+inputs, ``W`` classes, ReLU between layers: ``2 L - 1`` layers, so at most that
+many ranks), split by `parallel.pipeline.partition`. One run is one training step
+(the schedule's forwards and backwards, then plain SGD, lr 0.01) on a fixed
+synthetic global batch of ``size`` samples (standard normal inputs, uniform
+labels) cut into ``m`` micro-batches; ``size`` must be a multiple of ``m``.
+
+Settings from environment variables (or ``--set PP_WIDTH=...``):
+
+- ``MLSCALE_PP_MICROBATCHES``: micro-batches ``m`` per step (default 8).
+- ``MLSCALE_PP_WIDTH``: layer width ``W`` (default 1024).
+- ``MLSCALE_PP_LAYERS``: linear layers ``L`` (default 8).
+- ``MLSCALE_PP_BALANCE``: ``layers`` (default: `block_range` of the layer count)
+  or ``params`` (balance the stages' parameter counts).
+
+Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
+``1 - sum_r compute_r / (p max_r step_r)`` with each rank's compute and step
+seconds summed over the point's runs; params: ``theoretical_bubble`` ``(p - 1) /
+(m + p - 1)``, the settings, ``stage_layers`` (layers per stage),
+``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
+activations are held at once, and their bytes), and per rank the mean seconds per
+step in ``compute_s``, ``send_s`` and ``wait_s`` (see `parallel.pipeline`).
+
+Check: the weights go back to where the point started (the seed), one more
+pipeline step runs on the first ``n'`` samples of the batch, and every weight is
+compared with one serial SGD step on the same samples (on rank 0, then one
+``Bcast``). ``n' = size`` up to `CHECK_SAMPLES` samples; above, a sample of the
+batch, ``m * (CHECK_SAMPLES // m)`` samples (at least ``m``), so that the serial
+reference stays cheap for big sizes. Tolerance ``rtol`` float64 1e-9, float32 1e-3,
+``atol = rtol * max |w|``.
+"""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.case import Case, Metrics
+from bench.settings import env_choice, env_int
+from kernels.errors import InputError
+from parallel.layers import softmax_cross_entropy
+from parallel.models import flat_storage, flatten_arrays, forward_backward, mlp
+from parallel.optim import SGD
+from parallel import pipeline
+from parallel.pipeline import BALANCES, SCHEDULES, bubble_fraction, partition, theoretical_bubble
+
+SEED = 2024
+LEARNING_RATE = 0.01
+CHECK_SAMPLES = 256
+TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
+TIMELINE_KEYS = ("compute", "send", "wait", "allreduce", "step")
+
+
+def synthetic_batch(size, width, classes, dtype):
+    """Standard normal inputs ``(size, width)`` and uniform labels in ``[0, classes)``, from `SEED`."""
+    rng = np.random.default_rng(SEED)
+    return rng.standard_normal((size, width)).astype(dtype), rng.integers(0, classes, size)
+
+
+def check_samples(size, unit):
+    """Samples of the check step: ``size`` up to `CHECK_SAMPLES`, else the largest multiple of ``unit`` in it."""
+    return size if size <= CHECK_SAMPLES else unit * max(1, CHECK_SAMPLES // unit)
+
+
+def serial_step_parameters(comm, build, x, y, dtype):
+    """The flat parameters of ``build()`` after one serial SGD step on ``x, y``, on every rank.
+
+    Rank 0 builds and trains the model; one ``Bcast`` hands the vector to the others.
+    """
+    flat = None
+    if comm.rank == 0:
+        model = build()
+        params, grads = flat_storage(model)
+        forward_backward(model, softmax_cross_entropy, x, y)
+        SGD([(params, grads)], LEARNING_RATE).step()
+        flat = params
+    count = comm.bcast(None if flat is None else flat.size, root=0)
+    flat = np.empty(count, dtype) if flat is None else flat
+    comm.Bcast(flat, root=0)
+    return flat
+
+
+def count_wrong(actual, expected, dtype):
+    """Elements of the arrays ``actual`` outside the suite's tolerance of ``expected``."""
+    actual, expected = flatten_arrays(actual), flatten_arrays(expected)
+    rtol = TOLERANCES[dtype]
+    atol = rtol * float(np.max(np.abs(expected))) if expected.size else 0.0
+    return int(np.count_nonzero(~np.isclose(actual, expected, rtol=rtol, atol=atol)))
+
+
+@dataclass
+class Timeline:
+    """Seconds per kind (`TIMELINE_KEYS`, plus ``tensor`` for hybrid runs) summed over a point's runs."""
+
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(TIMELINE_KEYS, 0.0))
+    steps: int = 0
+
+    def add(self, timeline, **extra):
+        for kind, value in dict(timeline, **extra).items():
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + value
+        self.steps += 1
+
+    def per_step(self, kind):
+        return self.seconds.get(kind, 0.0) / self.steps if self.steps else math.nan
+
+    def idle_share(self, comm, busy):
+        """`bubble_fraction` over the ranks of ``comm`` with ``busy`` seconds as compute (collective)."""
+        shares = comm.allgather((busy, self.seconds["step"]))
+        return bubble_fraction([b for b, _ in shares], [s for _, s in shares]) if self.steps else math.nan
+
+
+def restore(pairs, initial):
+    """Copy the arrays ``initial`` back into the parameters of ``pairs``."""
+    for (param, _), value in zip(pairs, initial):
+        param[...] = value
+
+
+@dataclass
+class _State:
+    comm: object
+    dtype: str
+    size: int
+    schedule: str
+    pipeline: pipeline.Pipeline
+    optimizer: SGD
+    data: tuple
+    initial: list
+    offset: int
+    stage_layers: list
+    timeline: Timeline = field(default_factory=Timeline)
+
+
+def read_settings():
+    """``(micro_batches, width, layers, balance)`` from the ``MLSCALE_PP_*`` variables."""
+    return (env_int("MLSCALE_PP_MICROBATCHES", 8), env_int("MLSCALE_PP_WIDTH", 1024),
+            env_int("MLSCALE_PP_LAYERS", 8), env_choice("MLSCALE_PP_BALANCE", "layers", BALANCES))
+
+
+class Pipeline(Case):
+    name = "pp"
+    benchmark = "pipeline"
+    variants = SCHEDULES
+    size_unit = "samples"
+    size_help = ("global batch in samples (weak: per rank), a multiple of MLSCALE_PP_MICROBATCHES; one run = one "
+                 "training step; settings MLSCALE_PP_MICROBATCHES, _WIDTH, _LAYERS, _BALANCE (bench/cases/pp.py)")
+    default_sizes = "64:512"
+    metrics_help = ("items_per_s = samples/s; metric bubble (measured); params: theoretical_bubble, peak_in_flight "
+                    "and peak_activation_mib per stage, compute_s / send_s / wait_s per rank")
+    dtypes = ("float32", "float64")
+
+    def __init__(self):
+        self.micro_batches, self.width, self.layers, self.balance = read_settings()
+
+    def check_ranks(self, ranks, variant):
+        if ranks > 2 * self.layers - 1:
+            raise InputError(f"pp: {ranks} stages need at least {ranks} layers; MLSCALE_PP_LAYERS="
+                             f"{self.layers} gives {2 * self.layers - 1} (linear and ReLU)")
+
+    def iterations(self, size):
+        return 5, 1
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError("suite 'pp' runs on the numpy backend only")
+        self.check_ranks(comm.size, variant)
+        m = self.micro_batches
+        if size < m or size % m:
+            raise InputError(f"pp: the global batch ({size}) must be a multiple of MLSCALE_PP_MICROBATCHES={m}")
+        layers = self._build(dtype).layers
+        bounds = partition(layers, comm.size, self.balance)
+        start, stop = bounds[comm.rank]
+        stage = pipeline.Pipeline(layers[start:stop], comm, (self.width,), m, variant, dtype)
+        optimizer = SGD(stage.parameters(), lr=LEARNING_RATE)
+        offset = sum(param.size for layer in layers[:start] for param, _ in layer.parameters())
+        return _State(comm, dtype, size, variant, stage, optimizer,
+                      synthetic_batch(size, self.width, self.width, dtype),
+                      [param.copy() for param, _ in stage.parameters()], offset,
+                      [stop - start for start, stop in bounds])
+
+    def _build(self, dtype):
+        return mlp([self.width] * (self.layers + 1), SEED, np.dtype(dtype))
+
+    def run(self, state):
+        state.pipeline.train_step(state.optimizer, *state.data)
+        state.timeline.add(state.pipeline.timeline)
+
+    def check(self, state):
+        stage = state.pipeline
+        restore(stage.parameters(), state.initial)
+        n = check_samples(state.size, self.micro_batches)
+        x, y = state.data[0][:n], state.data[1][:n]
+        stage.train_step(state.optimizer, x, y)
+        expected = serial_step_parameters(state.comm, lambda: self._build(state.dtype), x, y, state.dtype)
+        mine = [param for param, _ in stage.parameters()]
+        count = sum(param.size for param in mine)
+        return count_wrong(mine, [expected[state.offset:state.offset + count]], state.dtype)
+
+    def metrics(self, state, seconds):
+        """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
+        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="bubble",
+                       metric_value=state.timeline.idle_share(state.comm, state.timeline.seconds["compute"]))
+
+    def params(self, state):
+        """Settings and per-stage figures (collective: one allgather)."""
+        timeline, stage = state.timeline, state.pipeline
+        per_rank = state.comm.allgather((stage.peak_in_flight, stage.peak_activation_bytes / 2 ** 20,
+                                         timeline.per_step("compute"), timeline.per_step("send"),
+                                         timeline.per_step("wait")))
+        columns = list(zip(*per_rank))
+        return {"schedule": state.schedule, "micro_batches": self.micro_batches, "width": self.width,
+                "layers": self.layers, "balance": self.balance, "stage_layers": state.stage_layers,
+                "theoretical_bubble": round(theoretical_bubble(state.comm.size, self.micro_batches), 4),
+                "peak_in_flight": list(columns[0]),
+                "peak_activation_mib": [round(value, 3) for value in columns[1]],
+                "compute_s": [round(value, 6) for value in columns[2]],
+                "send_s": [round(value, 6) for value in columns[3]],
+                "wait_s": [round(value, 6) for value in columns[4]], "steps": timeline.steps}

@@ -1,0 +1,162 @@
+"""Pipeline parallelism (GPipe, 1F1B) against serial training, each rank one stage."""
+import itertools
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from kernels.errors import InputError
+from parallel.layers import softmax_cross_entropy
+from parallel.models import forward_backward, mlp
+from parallel.optim import SGD
+from parallel.pipeline import (BACKWARD, FORWARD, SCHEDULES, Pipeline, bubble_fraction, layer_parameter_count,
+                               partition, stage_schedule, theoretical_bubble)
+
+SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages
+BATCH = 12
+
+
+def simulate(name, stages, micro_batches):
+    """Finish time of every stage when each action takes one time unit and messages are free.
+
+    Stages run their schedules in order; an action starts once its input exists
+    (forward: the previous stage's forward; backward: the next stage's backward).
+    Returns None if the schedules deadlock.
+    """
+    queues = [stage_schedule(name, stages, stage, micro_batches) for stage in range(stages)]
+    finished, clocks = {}, [0] * stages
+    moved = True
+    while moved:
+        moved = False
+        for stage, queue in enumerate(queues):
+            while queue:
+                kind, index = queue[0]
+                source = stage - 1 if kind == FORWARD else stage + 1
+                needed = (kind, index, source) if 0 <= source < stages else (FORWARD, index, stage)
+                if kind == FORWARD and stage == 0:
+                    needed = None
+                if needed is not None and needed not in finished:
+                    break
+                start = max(clocks[stage], finished[needed] if needed else 0)
+                clocks[stage] = finished[(kind, index, stage)] = start + 1
+                queue.pop(0)
+                moved = True
+    return None if any(queues) else clocks
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedules_run_each_micro_batch_once_without_deadlock_and_reach_the_ideal_bubble(name):
+    for stages, micro_batches in itertools.product(range(1, 6), range(1, 8)):
+        for stage in range(stages):
+            actions = stage_schedule(name, stages, stage, micro_batches)
+            assert sorted(actions) == sorted([(kind, i) for kind in (FORWARD, BACKWARD) for i in range(micro_batches)])
+            assert all(actions.index((FORWARD, i)) < actions.index((BACKWARD, i)) for i in range(micro_batches))
+            in_flight = np.cumsum([1 if kind == FORWARD else -1 for kind, _ in actions])
+            expected = micro_batches if name == "gpipe" else min(stages - stage, micro_batches)
+            assert in_flight.max() == expected
+        clocks = simulate(name, stages, micro_batches)
+        assert clocks is not None
+        measured = bubble_fraction([2 * micro_batches] * stages, clocks)
+        assert measured == pytest.approx(theoretical_bubble(stages, micro_batches))
+
+
+def test_one_f_one_b_warms_up_with_p_minus_s_minus_1_forwards():
+    assert stage_schedule("1f1b", 4, 1, 5)[:4] == [(FORWARD, 0), (FORWARD, 1), (FORWARD, 2), (BACKWARD, 0)]
+    assert stage_schedule("1f1b", 4, 3, 2) == [(FORWARD, 0), (BACKWARD, 0), (FORWARD, 1), (BACKWARD, 1)]
+    with pytest.raises(InputError, match="unknown pipeline schedule 'zb'"):
+        stage_schedule("zb", 2, 0, 2)
+
+
+def test_partition_by_layer_count_and_by_parameters():
+    layers = mlp([2, 50, 2, 2, 3, 2], seed=0).layers  # parameter counts 150, 0, 102, 0, 6, 0, 9, 0, 8
+    assert partition(layers, 4) == [(0, 3), (3, 5), (5, 7), (7, 9)]
+    counts = [layer_parameter_count(layer) for layer in layers]
+    for stages in range(1, len(layers) + 1):
+        bounds = partition(layers, stages, balance="params")
+        assert [start for start, _ in bounds] == [0] + [stop for _, stop in bounds[:-1]]
+        assert bounds[-1][1] == len(layers) and all(stop > start for start, stop in bounds)
+        best = min(max(sum(counts[a:b]) for a, b in zip((0,) + cuts, cuts + (len(layers),)))
+                   for cuts in itertools.combinations(range(1, len(layers)), stages - 1))
+        assert max(sum(counts[start:stop]) for start, stop in bounds) == best
+
+
+def test_partition_rejects_more_stages_than_layers_and_unknown_balances():
+    layers = mlp([3, 4, 2], seed=0).layers
+    with pytest.raises(InputError, match="4 stages needs at least 4 layers"):
+        partition(layers, 4)
+    with pytest.raises(InputError, match="unknown pipeline balance"):
+        partition(layers, 2, balance="flops")
+
+
+def batches():
+    rng = np.random.default_rng(3)
+    return [(rng.standard_normal((BATCH, SIZES[0])), rng.integers(0, SIZES[-1], BATCH)) for _ in range(2)]
+
+
+def all_ranks(comm, verdict):
+    return comm.allreduce(bool(verdict), op=MPI.LAND)
+
+
+def build_pipeline(comm, micro_batches, name, balance="layers"):
+    layers = mlp(SIZES, seed=1, dtype=np.float64).layers
+    start, stop = partition(layers, comm.size, balance)[comm.rank]
+    return Pipeline(layers[start:stop], comm, (SIZES[0],), micro_batches, name, np.float64), (start, stop)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("micro_batches, balance", [(1, "layers"), (3, "params"), (4, "layers"), (6, "params")])
+def test_training_steps_equal_serial_steps(comm, name, micro_batches, balance):
+    pipeline, (start, stop) = build_pipeline(comm, micro_batches, name, balance)
+    optimizer = SGD(pipeline.parameters(), lr=0.1, momentum=0.9)
+    serial = mlp(SIZES, seed=1, dtype=np.float64)
+    serial_optimizer = SGD(serial.parameters(), lr=0.1, momentum=0.9)
+    mine = [pair for layer in serial.layers[start:stop] for pair in layer.parameters()]
+    for x, y in batches():
+        serial_loss = forward_backward(serial, softmax_cross_entropy, x, y)
+        loss = comm.allreduce(pipeline.compute_gradients(x, y))
+        assert loss == pytest.approx(serial_loss, rel=1e-12)
+        grads_match = all(np.allclose(got, want, rtol=1e-11, atol=1e-13)
+                          for (_, got), (_, want) in zip(pipeline.parameters(), mine))
+        assert all_ranks(comm, grads_match)
+        optimizer.step()
+        serial_optimizer.step()
+        weights_match = all(np.allclose(got, want, rtol=1e-11, atol=1e-13)
+                            for (got, _), (want, _) in zip(pipeline.parameters(), mine))
+        assert all_ranks(comm, weights_match)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_activations_in_flight_and_timeline(comm, name):
+    micro_batches = 4
+    pipeline, _ = build_pipeline(comm, micro_batches, name)
+    x, y = batches()[0]
+    pipeline.compute_gradients(x, y)
+    stages, stage = comm.size, comm.rank
+    expected = micro_batches if name == "gpipe" else min(stages - stage, micro_batches)
+    assert all_ranks(comm, pipeline.peak_in_flight == expected)
+    assert all_ranks(comm, pipeline.peak_in_flight <= (micro_batches if name == "gpipe" else stages - stage))
+    assert all_ranks(comm, pipeline.peak_activation_bytes > 0)
+    timeline = pipeline.timeline
+    assert sorted(timeline) == ["allreduce", "compute", "send", "step", "wait"]
+    parts = timeline["compute"] + timeline["send"] + timeline["wait"] + timeline["allreduce"]
+    assert all_ranks(comm, 0 < parts <= timeline["step"] and timeline["allreduce"] == 0)
+    assert all_ranks(comm, timeline["wait"] == 0 or stages > 1)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_bad_micro_batch_counts_and_empty_stages_are_input_errors(comm):
+    pipeline, _ = build_pipeline(comm, 5, "1f1b")
+    x, y = batches()[0]
+    with pytest.raises(InputError, match="a batch of 12 samples does not split into 5 equal micro-batches"):
+        pipeline.compute_gradients(x, y)
+    with pytest.raises(InputError, match="does not split into 5"):
+        pipeline.compute_gradients(x[:3], y[:3])
+    with pytest.raises(InputError, match="12 samples but 11 labels"):
+        pipeline.compute_gradients(x, y[:11])
+    layers = mlp(SIZES, seed=1, dtype=np.float64).layers
+    with pytest.raises(InputError, match=f"stage {comm.size - 1} of {comm.size} has no layer"):
+        Pipeline([] if comm.rank == comm.size - 1 else layers[:1], comm, (SIZES[0],), 2)
+    with pytest.raises(InputError, match="micro_batches must be an integer >= 1"):
+        Pipeline(layers, comm, (SIZES[0],), 0)

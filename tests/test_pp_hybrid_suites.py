@@ -1,0 +1,82 @@
+"""Suites ``pp`` and ``hybrid`` end to end through the command line, on tiny models."""
+import json
+
+from tests.clitools import mlscale as run_mlscale
+from tests.clitools import rows_of as csv_rows
+
+PP, HYBRID = "bench.cases.pp:Pipeline", "bench.cases.hybrid:Hybrid"
+TINY_PP = dict(MLSCALE_PP_MICROBATCHES="4", MLSCALE_PP_WIDTH="24", MLSCALE_PP_LAYERS="3")
+TINY_HYBRID = dict(MLSCALE_HYBRID_HIDDEN="12", MLSCALE_HYBRID_FFN="10", MLSCALE_HYBRID_MICROBATCHES="2")
+
+
+def mlscale(settings, *args):
+    """Run ``mlscale ARGS`` with the ``MLSCALE_*`` ``settings``; return (status, stdout, stderr)."""
+    return run_mlscale(*args, **settings)
+
+
+def rows_of(path):
+    return [dict(row, params=json.loads(row["params"])) for row in csv_rows(path)]
+
+
+def test_pp_sweep_checks_both_schedules_and_records_the_timeline(tmp_path):
+    path = str(tmp_path / "pp.csv")
+    status, out, err = mlscale(TINY_PP, "sweep", PP, "--np", "2", "--ranks", "1,2", "--sizes", "12",
+                               "--iters", "2", "--warmup", "0", "--dtype", "float64", "--csv", path)
+    assert status == 0, err
+    assert "bubble=" in out
+    rows = rows_of(path)
+    assert [(row["ranks"], row["variant"]) for row in rows] == [("1", "gpipe"), ("1", "1f1b"), ("2", "gpipe"),
+                                                                ("2", "1f1b")]
+    assert {row["wrong"] for row in rows} == {"0"} and {row["size_unit"] for row in rows} == {"samples"}
+    for row in rows:
+        params, ranks = row["params"], int(row["ranks"])
+        assert row["metric"] == "bubble" and 0 <= float(row["metric_value"]) < 1 and float(row["items_per_s"]) > 0
+        assert params["theoretical_bubble"] == round((ranks - 1) / (4 + ranks - 1), 4)
+        assert sum(params["stage_layers"]) == 5 and len(params["stage_layers"]) == ranks
+        expected_in_flight = [4] * ranks if row["variant"] == "gpipe" else [min(ranks - s, 4) for s in range(ranks)]
+        assert params["peak_in_flight"] == expected_in_flight
+        assert all(len(params[kind]) == ranks for kind in ("compute_s", "send_s", "wait_s", "peak_activation_mib"))
+
+
+def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
+    path = str(tmp_path / "pp.csv")
+    for settings, command, message in [
+            (TINY_PP, ["run"], "global batch (10) must be a multiple of MLSCALE_PP_MICROBATCHES=4"),
+            (dict(TINY_PP, MLSCALE_PP_BALANCE="flops"), ["run"], "MLSCALE_PP_BALANCE='flops'"),
+            (dict(TINY_PP, MLSCALE_PP_LAYERS="1"), ["sweep", PP, "--np", "2"], "2 stages need at least 2 layers")]:
+        suite = [] if command[0] == "sweep" else [PP]
+        status, _, err = mlscale(settings, *command, *suite, "--variants", "1f1b", "--sizes", "10", "--csv", path)
+        assert status == 2, err
+        assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
+    path = str(tmp_path / "hybrid.csv")
+    status, out, err = mlscale(dict(TINY_HYBRID, MLSCALE_HYBRID_GRID="2x1x2"), "sweep", HYBRID, "--np", "4",
+                               "--ranks", "2,4", "--sizes", "8", "--iters", "1", "--warmup", "0", "--csv", path)
+    assert status == 0, err
+    assert "skipped dp_tp_pp on 4 ranks" in out
+    rows = rows_of(path)
+    shapes = [(row["ranks"], row["variant"], tuple(row["params"][axis] for axis in ("dp", "tp", "pp")))
+              for row in rows]
+    assert shapes == [("2", "dp", (2, 1, 1)), ("2", "tp", (1, 2, 1)), ("2", "pp", (1, 1, 2)),
+                      ("4", "dp", (4, 1, 1)), ("4", "tp", (1, 4, 1)), ("4", "pp", (1, 1, 4)),
+                      ("4", "dp_tp", (2, 2, 1)), ("4", "dp_pp", (2, 1, 2)), ("4", "tp_pp", (1, 2, 2)),
+                      ("4", "grid", (2, 1, 2))]
+    assert {row["wrong"] for row in rows} == {"0"}
+    for row in rows:
+        assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) < 1
+        assert len(row["params"]["tensor_s"]) == int(row["ranks"]) and float(row["items_per_s"]) > 0
+
+
+def test_hybrid_impossible_grids_are_one_line_errors_with_status_2(tmp_path):
+    path = str(tmp_path / "hybrid.csv")
+    for settings, variant, message in [
+            (dict(MLSCALE_HYBRID_GRID="2x2"), "grid", "MLSCALE_HYBRID_GRID='2x2': expected DPxTPxPP"),
+            (dict(MLSCALE_HYBRID_GRID="2x1x2"), "grid", "grid needs 4 ranks, not 1"),
+            ({}, "grid", "needs MLSCALE_HYBRID_GRID"),
+            ({}, "dp_tp", "1 ranks do not split over 2 axes")]:
+        status, _, err = mlscale(dict(TINY_HYBRID, **settings), "run", HYBRID, "--variants", variant,
+                                 "--sizes", "8", "--csv", path)
+        assert status == 2, err
+        assert message in err and len(err.strip().splitlines()) == 1
