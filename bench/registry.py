@@ -6,6 +6,9 @@ from kernels.errors import InputError
 SUITES = {
     "p2p": "bench.cases.p2p:PointToPoint",
     "allreduce": "bench.cases.allreduce:Allreduce",
+    "blas1": "bench.cases.blas1:Blas1",
+    "gemv": "bench.cases.gemv:Gemv",
+    "gemm": "bench.cases.gemm:Gemm",
     "dp": "bench.cases.dp:DataParallel",
     "ps": "bench.cases.ps:ParameterServer",
     "svm": "bench.cases.svm:SVMSuite",
@@ -13,6 +16,7 @@ SUITES = {
     "moe": "bench.cases.moe:MixtureOfExperts",
     "pp": "bench.cases.pp:Pipeline",
     "hybrid": "bench.cases.hybrid:Hybrid",
+    "attention": "bench.cases.attention:Attention",
 }
 
 

@@ -5,7 +5,9 @@ at p ranks is compared with the time at the smallest rank count measured (1
 when present): speedup S = T_base / T_p x base ranks (strong scaling), efficiency
 E = S / p (strong) or T_1 / T_p (weak), and the Karp-Flatt serial fraction
 e = (1/S - 1/p) / (1 - 1/p). Each variant is also compared with the suite's
-reference variant at the same point (``vs_ref`` = T_ref / T). Groups with two or
+reference variant at the same point (``vs_ref`` = T_ref / T; a reference that only
+runs on one rank, such as ``numpy`` with all BLAS threads, is taken at 1 rank, so
+``vs_ref`` compares explicit with implicit parallelism). Groups with two or
 more rank counts get a least-squares Amdahl serial fraction f (strong:
 1/S = f + (1 - f)/p) or Gustafson serial fraction s (weak: p E = p - s (p - 1)).
 With a calibration (`bench.model`), each point gets the suite's predicted time and
@@ -87,7 +89,7 @@ def scaling_table(rows, calib=None, suites=None):
         for row in members:
             ranks, seconds = int(row["ranks"]), float(row["t_med_s"])
             speedup = base_time / seconds * (base_ranks if strong else 1)
-            ref_time = reference.get(_peer_key(key, row["ranks"]))
+            ref_time = reference.get(_peer_key(key, row["ranks"]), reference.get(_peer_key(key, 1)))
             predicted = _predict(suites[key[0]], key, ranks, calib)
             table.append(dict(
                 zip(GROUP, key), ranks=ranks, t_med_s=seconds, speedup=speedup,

@@ -100,12 +100,10 @@ def check_job_sizes(args, node_counts, tasks_per_node):
         if args.ranks and max(parse_ranks(args.ranks, sys.maxsize)) > job_size:
             raise InputError(f"--ranks {args.ranks} asks for more ranks than the job of {shape}")
         case, config = make_config(args, job_size)
-        plan = plan_points(case, config)
-        if not plan:
-            try:
-                case.check_ranks(config.ranks[0], config.variants[0])
-            except InputError as error:
-                raise InputError(f"suite {case.name!r} cannot run on {shape}: {error}") from None
+        try:
+            plan_points(case, config)
+        except InputError as error:
+            raise InputError(f"suite {case.name!r} cannot run on {shape}: {error}") from None
         notes += [f"N{nodes}: {note}" for note in config.skipped]
     return case, notes
 

@@ -72,23 +72,29 @@ def plan_points(case, config):
     """Return the ``(ranks, variant)`` pairs to run; drop impossible ones or raise.
 
     A pair the case cannot run (a square grid on 3 ranks, say) is skipped with a
-    note when the variants were not named; when they were, it is an `InputError`.
+    note; a variant named with ``--variants`` that runs at no rank count, or a plan
+    with nothing left, is an `InputError`.
     """
     if config.scaling not in SCALINGS:
         raise InputError(f"unknown scaling {config.scaling!r}; choose strong or weak")
     if config.dtype not in case.dtypes:
         raise InputError(f"suite {case.name!r} runs dtype {' or '.join(case.dtypes)}, not {config.dtype!r}")
-    plan = []
+    plan, refusals = [], {}
     for ranks in config.ranks:
         for variant in config.variants:
             try:
                 case.check_ranks(ranks, variant)
             except InputError as error:
-                if config.variants_named:
-                    raise
+                refusals.setdefault(variant, str(error))
                 config.skipped.append(f"skipped {variant} on {ranks} ranks: {error}")
                 continue
             plan.append((ranks, variant))
+    if config.variants_named:
+        for variant in config.variants:
+            if variant in refusals and all(v != variant for _, v in plan):
+                raise InputError(refusals[variant])
+    if not plan:
+        raise InputError(next(iter(refusals.values())))
     return plan
 
 
@@ -130,31 +136,48 @@ def run_sweep(comm, case, config, emit):
     wrong_total = 0
     for ranks in sorted({r for r, _ in plan}):
         sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
+        failure = None
         if sub != MPI.COMM_NULL:
-            threads = _threads_for(sub, config.threads)
-            nodes = len(set(sub.allgather(socket.gethostname())))
-            for variant in [v for r, v in plan if r == ranks]:
-                for size in config.sizes:
-                    base = dict(
-                        suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
-                        dtype=config.dtype, ranks=ranks, nodes=nodes, threads=threads,
-                        scaling=config.scaling, size=size, size_unit=case.size_unit,
-                    )
-                    done = sub.bcast(results is not None and point_key(base) in results.done, root=0)
-                    if done:
-                        continue
-                    with threadpool_limits(limits=threads):
-                        row = _measure_point(sub, case, config, backend, variant, size)
-                    wrong_total += row["wrong"] or 0
-                    if sub.rank == 0:
-                        row.update(base, mpi_library=library, host=socket.gethostname(),
-                                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-                        results.append(row)
-                        emit(row)
-            sub.Free()
+            try:
+                wrong_total += _measure_rank_count(sub, case, config, backend, results, library,
+                                                   [v for r, v in plan if r == ranks], emit)
+            except (InputError, RankError) as error:  # raised on every rank of sub (see agree)
+                failure = (type(error), str(error))
+            finally:
+                sub.Free()
         sleeping_barrier(comm)
+        failure = comm.bcast(failure, root=0)  # rank 0 is in every sub-communicator
+        if failure:
+            if results is not None:
+                results.close()
+            raise failure[0](failure[1])
     if results is not None:
         results.close()
+    return wrong_total
+
+
+def _measure_rank_count(sub, case, config, backend, results, library, variants, emit):
+    """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found."""
+    threads = _threads_for(sub, config.threads)
+    nodes = len(set(sub.allgather(socket.gethostname())))
+    wrong_total = 0
+    for variant in variants:
+        for size in config.sizes:
+            base = dict(
+                suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
+                dtype=config.dtype, ranks=sub.size, nodes=nodes, threads=threads,
+                scaling=config.scaling, size=size, size_unit=case.size_unit,
+            )
+            if sub.bcast(results is not None and point_key(base) in results.done, root=0):
+                continue
+            with threadpool_limits(limits=threads):
+                row = _measure_point(sub, case, config, backend, variant, size)
+            wrong_total += row["wrong"] or 0
+            if sub.rank == 0:
+                row.update(base, mpi_library=library, host=socket.gethostname(),
+                           timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                results.append(row)
+                emit(row)
     return wrong_total
 
 

@@ -10,6 +10,7 @@ import math
 from bisect import bisect_right
 
 import numpy as np
+from scipy.linalg.blas import get_blas_funcs
 from mpi4py import MPI
 
 from kernels.distmatrix import DistMatrix, require_same_layout, timed
@@ -167,8 +168,20 @@ def gemm_summa(A, B, panel=256, timings=None):
             _broadcast_panel(a_panel_t, A.local.T, start, stop, k, grid.row_comm, j)
             _broadcast_panel(b_panel, B.local, start, stop, k, grid.col_comm, i)
         with timed(timings, "compute"):
-            C.local += a_panel_t[:stop - start].T @ b_panel[:stop - start]
+            _accumulate_product(C.local, a_panel_t[:stop - start], b_panel[:stop - start])
     return C
+
+
+def _accumulate_product(c, a_t, b):
+    """``c += a_t.T @ b`` in place by one BLAS GEMM with beta = 1 (no temporary, one pass over ``c``).
+
+    ``c`` (m x n) is C-ordered, so it is updated as the Fortran-ordered ``c.T``:
+    ``c.T += b.T @ a_t``, where ``b.T`` and ``a_t.T`` are Fortran-ordered views.
+    """
+    if c.size == 0 or a_t.shape[0] == 0:
+        return
+    gemm = get_blas_funcs("gemm", (c,))
+    gemm(1.0, b.T, a_t.T, beta=1.0, c=c.T, trans_b=1, overwrite_c=True)
 
 
 def _shift(buffer, comm, position, distance):

@@ -129,3 +129,19 @@ def test_calibrate_then_report_with_model_and_projection(tmp_path):
     assert {r["ranks"] for r in projected} == {"64", "1024"}
     status, _, err = mlscale("report", path, "--project", "64")
     assert status == 2 and "--project needs --model" in err
+
+
+def test_a_setup_error_at_a_smaller_rank_count_ends_every_rank(tmp_path):
+    status, _, err = mlscale("sweep", "tests.fake_cases:SetupFailsOnLastRank", "--np", "3", "--ranks", "2,3",
+                             "--csv", str(tmp_path / "x.csv"))
+    assert status == 1
+    assert err.strip() == "mlscale: error: rank 1: MemoryError: no room on purpose"
+
+
+def test_a_named_variant_is_skipped_where_it_cannot_run(tmp_path):
+    path = str(tmp_path / "p2p.csv")
+    status, out, err = mlscale("sweep", "p2p", "--np", "3", "--ranks", "1:3", "--variants", "latency",
+                               "--sizes", "8", "--iters", "2", "--csv", path)
+    assert status == 0, err
+    assert [row["ranks"] for row in rows_of(path)] == ["2"]
+    assert "# skipped latency on 1 ranks" in out and "# skipped latency on 3 ranks" in out

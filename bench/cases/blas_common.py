@@ -1,0 +1,250 @@
+"""What the suites ``blas1``, ``gemv`` and ``gemm`` share: seeded inputs, checks, settings, metrics, models.
+
+Implicit against explicit parallelism. The library variants (``numpy``; in blas1
+``numpy_dot``, ``numpy_nrm2``, ``numpy_axpy``), first in each suite (the report's
+reference), are one process calling the BLAS library on the
+whole problem with every BLAS thread the harness gives it; the other variants
+are the hand-written kernels of kernels/ on ``p`` ranks, one block each, with
+the threads per rank the harness pins (default: the node's cores / ranks). A
+library variant runs on one rank only (`check_ranks` raises InputError
+otherwise): a sweep over ranks 1,2 measures it at 1 rank, where that rank gets
+every core, and skips it at 2 with a note. So compare ``numpy`` at 1 rank with a
+kernel at p ranks; the report's ``vs_ref`` compares variants at the same rank
+count, i.e. a kernel on one rank against the library.
+
+Weak scaling keeps the work per rank fixed: n is multiplied by p^(1/e) for work
+growing as n^e (rounded to an integer).
+
+Settings (environment variables, recorded in ``params``):
+
+- ``MLSCALE_GRID``: ``PRxPC`` grid of gemv ``2d`` and gemm ``summa`` (default: as
+  square as ``MPI_Dims_create`` makes it); a grid without ``ranks`` ranks is an
+  InputError (skipped with a note in sweeps that do not name the variant).
+- ``MLSCALE_GEMM_PANEL``: SUMMA panel width (default 256).
+- ``MLSCALE_GEMM_REPLICAS``: replicas c of gemm ``25d`` (default 2).
+
+Inputs. Row i of a global matrix M (A, B; the vectors x and y are the rows of a
+matrix ``VECTOR_ROW`` wide, read in order) is drawn from the generator seeded
+with (SEED, M, i): integers in [-64, 64) divided by 64. Any rank builds any block
+without the global matrix (a block of columns generates its full rows and keeps
+its columns, p times the work of a row block), and checks regenerate what they
+need. These 7-bit values make float64 sums exact in any order (nrm2's square
+root aside); checks still allow for rounding.
+
+Checks compare with a float64 reference regenerated from the seed: an entry is
+wrong when ``|result - reference| > 2 k eps(dtype) s`` or NaN, with ``k`` the
+number of terms summed and ``s`` the matching sum of magnitudes (|A| |B| for
+GEMM): the rounding bound of any summation order, for result and reference.
+
+Metrics: gflops (nominal flops of the suite / time), metric ``comm_share`` =
+communication seconds / (communication + computation) seconds, summed over ranks
+and runs, from the kernels' ``timings`` (waiting for a late rank counts as
+communication). params: layout (grid shape), panel (summa), replicas (25d),
+comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup).
+"""
+import math
+import os
+from collections import namedtuple
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+from threadpoolctl import threadpool_info
+
+from bench.case import Case, Metrics
+from bench.settings import env_int
+from kernels.distmatrix import DistMatrix, timed
+from kernels.distribution import ProcessGrid
+from kernels.errors import InputError
+from kernels.gemm import grid_25d
+
+SEED = 2024
+MATRIX_IDS = {"A": 1, "B": 2, "x": 3, "y": 4}
+VECTOR_ROW = 1 << 16      # a seeded vector is the rows of a matrix this wide, read in order
+CHUNK_ROWS = 256          # rows generated at a time (bounds the temporaries)
+WORD = 8                  # the cost models count float64 words
+GRID_VARIANTS = ("2d", "summa")
+
+#: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
+Cost = namedtuple("Cost", "messages words flops stream_words")
+
+
+def seeded_rows(name, rows, width, dtype="float64"):
+    """Rows ``rows`` (a sequence of indices) of the seeded global matrix ``name`` with ``width`` columns."""
+    block = np.empty((len(rows), width), dtype)
+    for position, row in enumerate(rows):
+        block[position] = np.random.default_rng([SEED, MATRIX_IDS[name], row]).integers(-64, 64, width) / 64
+    return block
+
+
+def seeded_vector(name, start, stop, dtype="float64"):
+    """Entries ``[start, stop)`` of the seeded vector ``name``."""
+    first = start // VECTOR_ROW
+    flat = seeded_rows(name, range(first, -(-stop // VECTOR_ROW)), VECTOR_ROW, dtype).ravel()
+    return flat[start - first * VECTOR_ROW:stop - first * VECTOR_ROW].copy()
+
+
+def seeded_matrix(name, n, comm, layout, dtype):
+    """This rank's block of the seeded ``n x n`` matrix ``name`` as a `DistMatrix` (no communication)."""
+    matrix = DistMatrix.zeros((n, n), comm, layout, dtype)
+    first, last = matrix.row_range
+    for start in range(first, last, CHUNK_ROWS):
+        rows = range(start, min(last, start + CHUNK_ROWS))
+        matrix.local[start - first:rows.stop - first] = seeded_rows(name, rows, n, dtype)[:, matrix.col_slice]
+    return matrix
+
+
+def count_wrong(result, expected, magnitude, terms, dtype):
+    """Entries farther from ``expected`` than ``2 terms eps(dtype) magnitude``; NaN counts as wrong."""
+    bound = 2 * terms * np.finfo(dtype).eps * np.asarray(magnitude)
+    return int(np.count_nonzero(~(np.abs(np.asarray(result, np.float64) - expected) <= bound)))
+
+
+def read_settings():
+    """``(panel, replicas, grid)`` from the environment; grid is ``(pr, pc)`` or None. InputError if malformed."""
+    text = os.environ.get("MLSCALE_GRID", "").strip().lower()
+    parts = text.split("x")
+    if text and (len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts)):
+        raise InputError(f"MLSCALE_GRID must be rows x columns such as 2x1, got {text!r}")
+    grid = tuple(int(p) for p in parts) if text else None
+    return env_int("MLSCALE_GEMM_PANEL", 256), env_int("MLSCALE_GEMM_REPLICAS", 2), grid
+
+
+def library_kernel(function, *args):
+    """A kernel calling ``function(*args)``, timed as computation (the library variants never communicate)."""
+    def kernel(timings):
+        with timed(timings, "compute"):
+            return function(*args)
+    return kernel
+
+
+def _blas_threads():
+    return max((lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"), default=None)
+
+
+@dataclass
+class _State:
+    comm: object
+    variant: str
+    size: int
+    dtype: str
+    data: dict = field(default_factory=dict)   # "layout" and the inputs (A, B, x, y), per suite
+    kernel: object = None                      # callable(timings) -> result
+    result: object = None
+    runs: int = 0
+    timings: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+
+class BlasCase(Case):
+    """What the three suites share: settings, rank checks, the run, metrics and the cost-model prediction.
+
+    A suite sets ``work_exponent`` (work grows as n to that power) and ``compute_bound``
+    (GEMM: modelled by its flop rate, else by memory traffic), and implements
+    ``build(state)`` (fills ``state.kernel`` and ``state.data``, with ``"layout"``
+    a string or a `ProcessGrid`), ``check``,
+    ``flops(n)`` (nominal, global) and ``cost(variant, n, p)`` (a `Cost`).
+    """
+
+    size_unit = "n"
+    work_exponent = 1
+    compute_bound = False
+
+    def __init__(self):
+        self.panel, self.replicas, self.grid = read_settings()
+
+    def check_ranks(self, ranks, variant):
+        if variant.startswith("numpy") and ranks != 1:
+            raise InputError(f"{variant} is one process using every core (implicit parallelism): "
+                             f"it runs on 1 rank, not {ranks}")
+        if variant in GRID_VARIANTS and self.grid and self.grid[0] * self.grid[1] != ranks:
+            raise InputError(f"MLSCALE_GRID={self.grid[0]}x{self.grid[1]} does not fit {ranks} ranks")
+        if variant == "cannon" and math.isqrt(ranks) ** 2 != ranks:
+            raise InputError(f"cannon needs a perfect square rank count, not {ranks}")
+        if variant == "25d" and (ranks % self.replicas or math.isqrt(ranks // self.replicas) ** 2 * self.replicas
+                                 != ranks):
+            raise InputError(f"25d needs c | p and p / c a perfect square with c = MLSCALE_GEMM_REPLICAS = "
+                             f"{self.replicas}; p = {ranks} does not fit")
+
+    def problem_size(self, size, ranks, scaling):
+        return size if scaling == "strong" else int(round(size * ranks ** (1 / self.work_exponent)))
+
+    def grid_dims(self, variant, ranks):
+        """Process-grid shape of ``variant`` on ``ranks`` ranks; None for the 1D layouts."""
+        if variant in GRID_VARIANTS:
+            return self.grid or tuple(MPI.Compute_dims(ranks, [0, 0]))
+        if variant == "cannon":
+            return (math.isqrt(ranks),) * 2
+        if variant == "25d":
+            return (math.isqrt(ranks // self.replicas),) * 2 + (self.replicas,)
+        return None
+
+    def teardown(self, state):
+        layout = state.data.get("layout")
+        if isinstance(layout, ProcessGrid):
+            layout.free()
+
+    def layout(self, comm, variant, one_d):
+        """Where ``variant`` puts its matrices on ``comm``: its `ProcessGrid` (freed by `teardown`), or ``one_d``."""
+        if variant == "25d":
+            return grid_25d(comm, self.replicas)
+        dims = self.grid_dims(variant, comm.size)
+        return ProcessGrid(comm, dims) if dims else one_d
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if backend.name != "numpy":
+            raise InputError(f"suite {self.name} runs on the numpy backend only, not {backend.name!r}")
+        if size < 1:
+            raise InputError(f"{self.name}: n must be >= 1, got {size}")
+        self.check_ranks(comm.size, variant)
+        state = _State(comm, variant, size, dtype)
+        self.build(state)
+        layout = state.data["layout"]
+        label = "x".join(map(str, layout.dims)) if isinstance(layout, ProcessGrid) else (
+            "1 process" if variant.startswith("numpy") else layout)
+        words = self.cost(variant, size, comm.size).words
+        state.params = dict(layout=label, comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize),
+                            blas_threads=_blas_threads())
+        if variant == "summa":
+            state.params["panel"] = self.panel
+        if variant == "25d":
+            state.params["replicas"] = self.replicas
+        return state
+
+    def run(self, state):
+        state.result = state.kernel(state.timings)
+        state.runs += 1
+
+    def metrics(self, state, seconds):
+        """Rates of the point; collective (one small ``Allreduce`` of the phase times)."""
+        spent = np.array([state.timings.get("comm", 0.0), sum(state.timings.values())])
+        state.comm.Allreduce(MPI.IN_PLACE, spent, op=MPI.SUM)
+        rates = dict(gflops=self.flops(state.size) / seconds / 1e9, **self.rates(state, seconds)) if seconds > 0 else {}
+        return Metrics(metric="comm_share", metric_value=spent[0] / spent[1] if spent[1] > 0 else 0.0, **rates)
+
+    def rates(self, state, seconds):
+        """algbw: the cost model's bytes sent per rank / time (None for variants that do not communicate)."""
+        nbytes = state.params["comm_bytes_per_rank"]
+        return {"algbw_gbs": nbytes / seconds / 1e9 if nbytes else None}
+
+    def params(self, state):
+        return state.params
+
+    def predict(self, variant, size, ranks, calib):
+        """Alpha-beta cost of the messages and words of `cost` (float64) plus the computation.
+
+        Computation: ``flops / (gemm_flops_per_s x threads)`` for GEMM, with threads =
+        this machine's cores / ranks (at least 1: the harness's default); memory-bound
+        suites stream their words at ``2 x memcpy_bytes_per_s`` (a copy reads and writes
+        each byte). None when ``variant`` cannot run on ``ranks`` ranks.
+        """
+        try:
+            self.check_ranks(ranks, variant)
+        except InputError:
+            return None
+        cost = self.cost(variant, size, ranks)
+        if self.compute_bound:
+            compute = cost.flops / (calib["gemm_flops_per_s"] * max(1, (os.cpu_count() or 1) // ranks))
+        else:
+            compute = cost.stream_words * WORD / (2 * calib["memcpy_bytes_per_s"])
+        return cost.messages * calib["alpha_s"] + cost.words * WORD * calib["beta_s_per_byte"] + compute

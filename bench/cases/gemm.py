@@ -1,0 +1,102 @@
+"""Suite ``gemm``: distributed C = A B (kernels.gemm) against NumPy on one process.
+
+Size n: A, B and C are n x n. Variants: ``numpy`` (``A @ B``, one process with
+every core; the report's reference), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
+row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, ``MLSCALE_GRID``, panel
+``MLSCALE_GEMM_PANEL``), ``cannon`` (`gemm_cannon`; p a perfect square) and ``25d``
+(`gemm_25d` on a q x q x c grid, c = ``MLSCALE_GEMM_REPLICAS``; c | p and p / c a
+perfect square). See `bench.cases.blas_common` for inputs, settings and metrics.
+
+Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
+entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
+against those rows of A times B regenerated ``CHUNK_ROWS`` rows at a time (each
+rank regenerates all of B: n^2 draws, no n x n temporary). 25d checks C on every layer.
+
+Metrics: gflops (2 n^3 flops), algbw = bytes sent per rank (cost model) / time,
+comm_share.
+"""
+from functools import partial
+
+import numpy as np
+
+from bench.cases.blas_common import (CHUNK_ROWS, BlasCase, Cost, count_wrong, library_kernel, seeded_matrix,
+                                     seeded_rows)
+from bench.model import log2_ceil
+from kernels.distmatrix import DistMatrix
+from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa
+
+FULL_CHECK_N = 512
+SAMPLE_ROWS = 8
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class Gemm(BlasCase):
+    name = "gemm"
+    benchmark = "gemm"
+    variants = ("numpy", "1d_ring", "1d_allgather", "summa", "cannon", "25d")
+    size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
+    default_sizes = "256:2K"
+    metrics_help = ("gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share; env MLSCALE_GRID, "
+                    "MLSCALE_GEMM_PANEL, MLSCALE_GEMM_REPLICAS (see bench/cases/blas_common.py)")
+    work_exponent = 3
+    compute_bound = True
+
+    def iterations(self, size):
+        return (5, 1) if size >= 2048 else (10, 2)
+
+    def build(self, state):
+        layout = self.layout(state.comm, state.variant, "rows")
+        A, B = (seeded_matrix(name, state.size, state.comm, layout, state.dtype) for name in "AB")
+        kernels = {"numpy": library_kernel(np.matmul, A.local, B.local),
+                   "1d_ring": partial(gemm_1d, A, B, "ring"), "1d_allgather": partial(gemm_1d, A, B, "allgather"),
+                   "summa": partial(gemm_summa, A, B, self.panel), "cannon": partial(gemm_cannon, A, B),
+                   "25d": partial(gemm_25d, A, B)}
+        state.data.update(layout=layout, A=A, B=B)
+        state.kernel = kernels[state.variant]
+
+    def check(self, state):
+        n, C = state.size, state.result
+        local, (first, last), cols = (C.local, C.row_range, C.col_range) if isinstance(C, DistMatrix) else (
+            C, (0, n), (0, n))
+        rows = np.arange(first, last)
+        if n > FULL_CHECK_N and len(rows) > SAMPLE_ROWS:
+            rows = np.unique(np.linspace(first, last - 1, SAMPLE_ROWS).round().astype(int))
+        a = seeded_rows("A", rows, n)
+        expected = np.zeros((len(rows), cols[1] - cols[0]))
+        magnitude = np.zeros_like(expected)
+        for start in range(0, n, CHUNK_ROWS):
+            b = seeded_rows("B", range(start, min(n, start + CHUNK_ROWS)), n)[:, slice(*cols)]
+            expected += a[:, start:start + len(b)] @ b
+            magnitude += np.abs(a[:, start:start + len(b)]) @ np.abs(b)
+        return count_wrong(local[rows - first], expected, magnitude, n, state.dtype)
+
+    def flops(self, n):
+        return 2 * n ** 3
+
+    def cost(self, variant, n, p):
+        """Messages and words per rank as in kernels.gemm (binomial-tree ``Bcast``).
+
+        1d: ``p - 1`` messages of ``n^2 / p`` words. summa with b = panel:
+        ``(ceil(n/b) + pc) log2 pc + (ceil(n/b) + pr) log2 pr`` messages,
+        ``n^2 / pr log2 pc + n^2 / pc log2 pr`` words. cannon (c = 1) and 25d: s =
+        ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
+        depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
+        ``2 s ceil(n/q)^3`` flops.
+        """
+        if variant == "numpy":
+            return Cost(0, 0, 2 * n ** 3, 0)
+        if variant.startswith("1d"):
+            return Cost(p - 1, (p - 1) * n * n / p, 2 * n ** 3 / p, 0)
+        if variant == "summa":
+            rows, cols = self.grid_dims(variant, p)
+            panels = _ceil_div(n, min(self.panel, n))
+            return Cost((panels + cols) * log2_ceil(cols) + (panels + rows) * log2_ceil(rows),
+                        n * n / rows * log2_ceil(cols) + n * n / cols * log2_ceil(rows), 2 * n ** 3 / p, 0)
+        q, replicas = self.grid_dims(variant, p)[0], (self.replicas if variant == "25d" else 1)
+        steps, side = _ceil_div(q, replicas), _ceil_div(n, q)
+        shifts = 2 * steps if q > 1 else 0
+        return Cost(shifts + 2 * log2_ceil(replicas), (shifts + 2 * (replicas - 1) / replicas) * side ** 2,
+                    2 * steps * side ** 3, 0)

@@ -1,0 +1,67 @@
+"""Suite ``gemv``: distributed y = A x (kernels.gemv) against NumPy on one process.
+
+Size n: A is n x n. Variants: ``numpy`` (``A @ x``, one process with every core;
+the report's reference), ``rows`` (`gemv_rows`: allgather x, local GEMV), ``cols``
+(`gemv_cols`: local GEMV, reduce-scatter y) and ``2d`` (`gemv_2d` on a pr x pc
+grid, ``MLSCALE_GRID``). GEMV does 2 flops per matrix entry read once: it is
+memory-bound, and the ranks of a node share its memory bandwidth. See
+`bench.cases.blas_common` for inputs, settings and metrics.
+
+Check: every entry of each rank's block of y, against rows of A regenerated
+``CHUNK_ROWS`` at a time times the whole x.
+
+Metrics: gflops (2 n^2 flops), algbw = bytes sent per rank (cost model) / time,
+comm_share.
+"""
+from functools import partial
+
+import numpy as np
+
+from bench.cases.blas_common import (CHUNK_ROWS, BlasCase, Cost, count_wrong, library_kernel, seeded_matrix,
+                                     seeded_rows, seeded_vector)
+from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
+
+KERNELS = {"rows": gemv_rows, "cols": gemv_cols, "2d": gemv_2d}
+
+
+class Gemv(BlasCase):
+    name = "gemv"
+    benchmark = "gemv"
+    variants = ("numpy", "rows", "cols", "2d")
+    size_help = "n of the n x n matrix A in y = A x (weak scaling: n sqrt(p))"
+    default_sizes = "1K:8K"
+    metrics_help = ("gflops (2n^2 flops), algbw = bytes sent per rank / s, metric comm_share; "
+                    "env MLSCALE_GRID (see bench/cases/blas_common.py)")
+    work_exponent = 2
+
+    def build(self, state):
+        layout = self.layout(state.comm, state.variant, "cols" if state.variant == "cols" else "rows")
+        A = seeded_matrix("A", state.size, state.comm, layout, state.dtype)
+        x = seeded_vector("x", *vector_ranges(A)[0], state.dtype)
+        state.data.update(layout=layout, A=A, x=x)
+        state.kernel = library_kernel(np.dot, A.local, x) if state.variant == "numpy" else partial(
+            KERNELS[state.variant], A, x)
+
+    def check(self, state):
+        n = state.size
+        first, last = vector_ranges(state.data["A"])[1]
+        x = seeded_vector("x", 0, n)
+        wrong = 0
+        for start in range(first, last, CHUNK_ROWS):
+            a = seeded_rows("A", range(start, min(last, start + CHUNK_ROWS)), n)
+            wrong += count_wrong(state.result[start - first:start - first + len(a)], a @ x, np.abs(a) @ np.abs(x),
+                                 n, state.dtype)
+        return wrong
+
+    def flops(self, n):
+        return 2 * n * n
+
+    def cost(self, variant, n, p):
+        """rows: ``Allgatherv`` of x, cols: ``Reduce_scatter`` of y, ``(p - 1) n / p`` words in p - 1
+        messages; 2d: ``pr + pc - 2`` messages of ``n / p`` words (see kernels.gemv). Each rank
+        reads its n^2 / p matrix entries once."""
+        work = Cost(0, 0, 2 * n * n / p, n * n / p)
+        if variant == "2d":
+            rows, cols = self.grid_dims(variant, p)
+            return work._replace(messages=rows + cols - 2, words=(rows + cols - 2) * n / p)
+        return work if variant == "numpy" else work._replace(messages=p - 1, words=(p - 1) * n / p)

@@ -1,0 +1,160 @@
+"""The ``blas1``, ``gemv`` and ``gemm`` suites: end to end through the command line, checks, models."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from bench.cases.blas1 import Blas1
+from bench.cases.blas_common import seeded_rows
+from bench.cases.gemm import Gemm
+from bench.cases.gemv import Gemv
+from kernels.backend import get_backend
+from kernels.errors import InputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 180
+SUITES = {"blas1": "bench.cases.blas1:Blas1", "gemv": "bench.cases.gemv:Gemv", "gemm": "bench.cases.gemm:Gemm"}
+CASES = {"blas1": Blas1, "gemv": Gemv, "gemm": Gemm}
+
+
+def mlscale(*args, **environment):
+    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=dict(os.environ, **environment))
+    return done.returncode, done.stdout, done.stderr
+
+
+def rows_of(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("suite, size, expected", [
+    ("blas1", "1001", {"numpy_dot": "1", "numpy_nrm2": "1", "numpy_axpy": "1", "dot": "12", "nrm2": "12",
+                       "axpy": "12"}),
+    ("gemv", "13", {"numpy": "1", "rows": "12", "cols": "12", "2d": "12"}),
+    ("gemm", "13", {"numpy": "1", "1d_ring": "12", "1d_allgather": "12", "summa": "12", "cannon": "1",
+                    "25d": "2"}),
+])
+def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, expected):
+    path = str(tmp_path / "out.csv")
+    status, out, err = mlscale("sweep", SUITES[suite], "--np", "2", "--ranks", "1,2", "--sizes", size,
+                               "--scaling", "weak", "--iters", "1", "--warmup", "0", "--csv", path)
+    assert status == 0, err
+    rows = rows_of(path)
+    ranks_of = {variant: "".join(sorted(r["ranks"] for r in rows if r["variant"] == variant))
+                for variant in {r["variant"] for r in rows}}
+    assert ranks_of == expected
+    assert {row["wrong"] for row in rows} == {"0"}
+    case = CASES[suite]()
+    for row in rows:
+        params, ranks = json.loads(row["params"]), int(row["ranks"])
+        assert params["problem_size"] == case.problem_size(int(size), ranks, "weak")
+        assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
+        assert float(row["gflops"]) > 0
+        if row["variant"].startswith("numpy"):
+            assert params["layout"] == "1 process" and params["comm_bytes_per_rank"] == 0
+            assert float(row["metric_value"]) == 0
+    assert "skipped numpy" in out
+
+
+def test_gemm_on_three_ranks_runs_the_non_square_variants(tmp_path):
+    path = str(tmp_path / "gemm.csv")
+    status, out, err = mlscale("sweep", SUITES["gemm"], "--np", "3", "--sizes", "10", "--iters", "1",
+                               "--warmup", "0", "--dtype", "float32", "--csv", path)
+    assert status == 0, err
+    rows = rows_of(path)
+    assert sorted(row["variant"] for row in rows) == ["1d_allgather", "1d_ring", "summa"]
+    assert {row["wrong"] for row in rows} == {"0"}
+    summa = next(row for row in rows if row["variant"] == "summa")
+    assert json.loads(summa["params"])["layout"] == "3x1" and json.loads(summa["params"])["panel"] == 256
+    assert "skipped cannon on 3 ranks: cannon needs a perfect square" in out
+    assert "skipped 25d on 3 ranks" in out
+
+
+def test_gemv_on_three_ranks_with_a_chosen_grid(tmp_path):
+    path = str(tmp_path / "gemv.csv")
+    status, _, err = mlscale("sweep", SUITES["gemv"], "--np", "3", "--sizes", "11", "--variants", "rows,cols,2d",
+                             "--iters", "1", "--warmup", "0", "--dtype", "float32", "--csv", path, MLSCALE_GRID="1x3")
+    assert status == 0, err
+    rows = rows_of(path)
+    assert {row["wrong"] for row in rows} == {"0"} and len(rows) == 3
+    assert {row["variant"]: json.loads(row["params"])["layout"] for row in rows} == {
+        "rows": "rows", "cols": "cols", "2d": "1x3"}
+
+
+@pytest.mark.parametrize("args, environment, message", [
+    (["--np", "3", "--variants", "cannon"], {}, "cannon needs a perfect square rank count, not 3"),
+    (["--np", "2", "--variants", "summa"], {"MLSCALE_GRID": "2x2"}, "MLSCALE_GRID=2x2 does not fit 2 ranks"),
+    (["--np", "1"], {"MLSCALE_GEMM_PANEL": "0"}, "MLSCALE_GEMM_PANEL='0': expected an integer >= 1"),
+])
+def test_impossible_settings_are_one_line_errors(tmp_path, args, environment, message):
+    status, _, err = mlscale("sweep", SUITES["gemm"], "--sizes", "8", "--csv", str(tmp_path / "x.csv"), *args,
+                             **environment)
+    assert status == 2 and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_rank_checks_and_settings(monkeypatch):
+    gemm = Gemm()
+    gemm.check_ranks(4, "cannon")
+    gemm.check_ranks(8, "25d")
+    for ranks, variant in [(2, "cannon"), (3, "25d"), (4, "25d"), (2, "numpy")]:
+        with pytest.raises(InputError):
+            gemm.check_ranks(ranks, variant)
+    monkeypatch.setenv("MLSCALE_GEMM_REPLICAS", "4")
+    Gemm().check_ranks(4, "25d")
+    monkeypatch.setenv("MLSCALE_GRID", "2by2")
+    with pytest.raises(InputError, match="MLSCALE_GRID"):
+        Gemv()
+
+
+def test_weak_scaling_keeps_the_work_per_rank():
+    assert Blas1().problem_size(1000, 3, "weak") == 3000
+    assert Gemv().problem_size(100, 4, "weak") == 200
+    assert Gemv().problem_size(100, 2, "weak") == 141
+    assert Gemm().problem_size(100, 8, "weak") == 200
+    assert Gemm().problem_size(100, 2, "weak") == 126
+    assert Gemm().problem_size(100, 8, "strong") == 100
+
+
+def _ran_once(case, variant, n, corrupt=None):
+    """Set up ``variant`` on one process, corrupt its inputs, run it once; return the wrong count."""
+    state = case.setup(MPI.COMM_SELF, n, variant, get_backend("numpy"), "float64")
+    if corrupt:
+        corrupt(state.data)
+    case.run(state)
+    return case.check(state)
+
+
+def test_checks_count_nan_and_wrong_entries():
+    n = 9
+    nonzero_b_row = np.count_nonzero(seeded_rows("B", [0], n))
+    for variant in ("numpy", "summa"):
+        assert _ran_once(Gemm(), variant, n) == 0
+        assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), np.nan)) == n
+        assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), 2.0)) == nonzero_b_row
+    assert _ran_once(Gemv(), "rows", n, lambda d: d["x"].__setitem__(4, np.nan)) == n
+    for variant in ("dot", "nrm2", "numpy_dot", "axpy"):
+        assert _ran_once(Blas1(), variant, 1001) == 0
+        assert _ran_once(Blas1(), variant, 1001, lambda d: d["x"].__setitem__(5, np.nan)) == 1
+
+
+def test_cost_models():
+    calib = dict(alpha_s=1e-6, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, memcpy_bytes_per_s=1e10,
+                 gemm_flops_per_s=1e10)
+    gemm = Gemm()
+    assert gemm.predict("cannon", 64, 3, calib) is None and gemm.predict("numpy", 64, 2, calib) is None
+    compute_only = dict(calib, alpha_s=0.0, beta_s_per_byte=0.0)
+    assert gemm.predict("summa", 200, 4, compute_only) == pytest.approx(8 * gemm.predict("summa", 100, 4,
+                                                                                        compute_only))
+    assert gemm.predict("summa", 1000, 4, calib) > gemm.predict("summa", 1000, 4, compute_only)
+    latency_only = dict(calib, alpha_s=1.0, beta_s_per_byte=0.0, memcpy_bytes_per_s=1e300)
+    assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(3.0)
+    assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(2.0)
+    assert Blas1().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.0)
