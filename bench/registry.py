@@ -16,6 +16,7 @@ SUITES = {
     "moe": "bench.cases.moe:MixtureOfExperts",
     "pp": "bench.cases.pp:Pipeline",
     "hybrid": "bench.cases.hybrid:Hybrid",
+    "conv": "bench.cases.conv:HaloConv",
     "attention": "bench.cases.attention:Attention",
 }
 

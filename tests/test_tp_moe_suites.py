@@ -66,7 +66,7 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
     path = str(tmp_path / "x.csv")
     for suite, settings, args, message in [
             (TP, dict(MLSCALE_TP_HIDDEN="0"), (), "MLSCALE_TP_HIDDEN='0'"),
-            (TP, dict(MLSCALE_TP_FFN="1"), ("--variants", "allreduce", "--ranks", "1,2", "--np", "2"),
+            (TP, dict(MLSCALE_TP_FFN="1"), ("--variants", "allreduce", "--ranks", "2", "--np", "2"),
              "ffn 1 cannot be split over 2 ranks"),
             (MOE, dict(MLSCALE_MOE_CAPACITY="lots"), (), "MLSCALE_MOE_CAPACITY='lots'")]:
         status, _, err = mlscale(settings, "sweep", suite, "--sizes", "4", "--csv", path, *args)

@@ -36,13 +36,13 @@ over the grid) are compared too.
 """
 import itertools
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.settings import env_choice, env_int
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from parallel.halo_conv import HaloConv2d, conv_padding
@@ -56,21 +56,11 @@ CORNER = 16
 TOLERANCES = {"float64": 1e-10, "float32": 1e-4}
 
 
-def _positive_setting(name, default):
-    text = os.environ.get(name, str(default)).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise InputError(f"{name}={text!r}: expected an integer >= 1")
-    return int(text)
-
-
 def read_settings():
     """The suite settings from the ``MLSCALE_CONV_*`` environment variables."""
-    packing = os.environ.get("MLSCALE_CONV_PACKING", DEFAULT_PACKING).strip().lower()
-    if packing not in PACKING_METHODS:
-        raise InputError(f"MLSCALE_CONV_PACKING={packing!r}: choose from {', '.join(PACKING_METHODS)}")
-    settings = dict(channels=_positive_setting("MLSCALE_CONV_CHANNELS", 16),
-                    kernel=_positive_setting("MLSCALE_CONV_KERNEL", 3),
-                    batch=_positive_setting("MLSCALE_CONV_BATCH", 1), packing=packing)
+    settings = dict(channels=env_int("MLSCALE_CONV_CHANNELS", 16), kernel=env_int("MLSCALE_CONV_KERNEL", 3),
+                    batch=env_int("MLSCALE_CONV_BATCH", 1),
+                    packing=env_choice("MLSCALE_CONV_PACKING", DEFAULT_PACKING, PACKING_METHODS))
     if settings["kernel"] % 2 == 0:
         raise InputError(f"MLSCALE_CONV_KERNEL={settings['kernel']}: 'same' padding needs an odd kernel")
     return settings
@@ -208,6 +198,10 @@ class HaloConv(Case):
             wrong += _wrong(state.dx[(Ellipsis,) + local], dx[:, :, reach:reach + r1 - r0, reach:reach + c1 - c0],
                             state.dtype)
         return wrong
+
+    def teardown(self, state):
+        state.conv.exchange.free()
+        state.conv.grid.free()
 
     def metrics(self, state, seconds):
         batch, channels, kernel = (state.settings[key] for key in ("batch", "channels", "kernel"))

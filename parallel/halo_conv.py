@@ -1,0 +1,320 @@
+"""Domain-parallel convolution: every feature map split in tiles over a 2D grid, halos exchanged.
+
+`HaloConv2d` runs a serial `parallel.layers.Conv2d` (sharing its parameter arrays)
+on the tile of each rank: it copies the tile into a local buffer, fills the halos
+with `parallel.halo_exchange.HaloExchange`, and convolves the buffer by im2col and
+GEMM in chunks of rows (memory stays bounded whatever the tile). Backward computes
+``dW`` and the buffer's ``dX`` (halos included), sends the halo part of ``dX`` back
+to its owners, who add it (the reverse exchange), and sums ``dW`` and ``db`` over
+the grid with one ``Allreduce``. With ``overlap=True`` the interior outputs (those
+whose window needs no halo) are computed while the halos are in flight, the
+border after; backward does the border first so that the halo gradients can leave
+early.
+
+`domain_parallel_model` turns a serial CNN (e.g. `parallel.models.mnist_cnn`) into
+its domain-parallel twin: convolutions become `HaloConv2d`, max pooling and ReLU
+run on the tiles as they are, and `GatherFlatten` gathers the last feature map
+on every rank (``Allgatherv``) so that the fully connected part runs redundantly
+on every rank on the whole batch; its input gradient is identical everywhere and
+each rank keeps its own tile of it (the "scatter back" needs no message). One
+domain-parallel training step is then `parallel.models.train_step` on the
+parallel model with this rank's tile of the batch (``layout.tile(x, grid.coords)``)
+and all the labels: losses, gradients and updated weights equal the serial step's
+up to rounding.
+"""
+import numpy as np
+from mpi4py import MPI
+from numpy.lib.stride_tricks import sliding_window_view
+
+from kernels.distribution import block_range
+from kernels.errors import InputError
+from parallel.halo_exchange import DEFAULT_PACKING, HaloExchange, TileLayout
+from parallel.layers import Conv2d, Flatten, Layer, MaxPool2d, ReLU, Sequential
+
+#: Entries of one chunk's patch matrix: 2 MB in float64, so that it stays in cache.
+CHUNK_ELEMENTS = 1 << 18
+#: Interior pieces computed while the halos fly: one per exchange phase.
+OVERLAP_PIECES = 2
+
+
+def conv_padding(mode, kernel_size):
+    """Zero padding of a ``mode`` convolution: 'same' ``k // 2`` (odd ``k`` only), 'valid' 0."""
+    if mode == "valid":
+        return 0
+    if mode == "same" and kernel_size % 2:
+        return kernel_size // 2
+    raise InputError(f"padding {mode!r} with kernel {kernel_size}: choose 'valid', or 'same' with an odd kernel")
+
+
+def patch_matrix(x, kernel, stride):
+    """The patches of ``x`` ``(n, c, h, w)`` as the *columns* of a ``(c * kh * kw, n * ho * wo)`` matrix.
+
+    The transpose of `parallel.layers.im2col`'s layout: each row is one kernel
+    offset of one channel, copied with long contiguous inner loops (several times
+    faster than im2col's ``kh * kw`` inner loop), and ``W.reshape(c_out, -1) @ cols``
+    comes out channel-major, ready for NCHW.
+    """
+    batch, channels = x.shape[:2]
+    windows = sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    out_h, out_w = windows.shape[2:4]
+    return windows.transpose(1, 4, 5, 0, 2, 3).reshape(channels * kernel[0] * kernel[1], batch * out_h * out_w)
+
+
+def add_patch_matrix(dx, cols, kernel, stride):
+    """Adjoint of `patch_matrix`: add every column of ``cols`` back onto its window of ``dx`` (in place)."""
+    batch, channels, height, width = dx.shape
+    out_h, out_w = (height - kernel[0]) // stride + 1, (width - kernel[1]) // stride + 1
+    blocks = cols.reshape(channels, kernel[0], kernel[1], batch, out_h, out_w)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            dx[:, :, i:i + stride * out_h:stride, j:j + stride * out_w:stride] += blocks[:, i, j].transpose(1, 0, 2, 3)
+
+
+def _idle():
+    """No exchange in flight: nothing to progress."""
+
+
+def _nonempty(region):
+    return all(lo < hi for lo, hi in region)
+
+
+class HaloConv2d(Layer):
+    """A serial `Conv2d` run on the tiles of a 2D grid with halo exchange.
+
+    Global input ``(n, c_in, H, W)`` split by ``layout``; local input: this rank's
+    tile ``(n, c_in, h, w)``; local output: its tile of ``out_layout`` (outputs
+    belong to the owner of their anchor input ``o * stride``, see
+    `parallel.halo_exchange`). Forward: one halo exchange (`HaloExchange`).
+    Backward: one reverse exchange plus ``Allreduce`` of ``c_out * (c_in k^2 + 1)``
+    words over the grid, ``2 log2(p) alpha + 2 (p-1)/p * bytes * beta``.
+
+    Parameters
+    ----------
+    conv : parallel.layers.Conv2d
+        The serial layer: kernel, stride, padding (``2 * padding <= k - 1``) and the
+        parameter and gradient arrays, which this layer shares.
+    grid : kernels.distribution.ProcessGrid
+        2D grid with ``dims == layout.dims``.
+    layout : parallel.halo_exchange.TileLayout
+    overlap : bool
+        Compute the interior while the halos are in flight.
+    method : str
+        Halo packing, one of `parallel.halo_exchange.PACKING_METHODS`.
+    """
+
+    def __init__(self, conv, grid, layout, overlap=False, method=DEFAULT_PACKING):
+        super().__init__()
+        self.conv, self.grid, self.overlap = conv, grid, overlap
+        self.params, self.grads = conv.params, conv.grads
+        self.exchange = HaloExchange(grid, layout, conv.kernel, conv.stride, conv.padding, method)
+        self.in_layout, self.out_layout = layout, self.exchange.out_layout
+        self.in_shape = layout.tile_shape(grid.coords)
+        self.out_shape = self.out_layout.tile_shape(grid.coords)
+        self._input = self._grad = None
+
+    def _check(self, array, channels, shape, what):
+        array = np.asarray(array, dtype=self.conv.dtype)
+        if array.ndim != 4 or array.shape[1] != channels or array.shape[2:] != shape:
+            raise InputError(f"HaloConv2d: expected {what} tile (batch, {channels}, {shape[0]}, {shape[1]}), "
+                             f"got {array.shape}")
+        return array
+
+    def _buffer(self, current, batch):
+        shape = self.exchange.buffer_shape(batch, self.conv.params["weight"].shape[1])
+        return current if current is not None and current.shape == shape else np.zeros(shape, self.conv.dtype)
+
+    def _regions(self):
+        """``(interior pieces, border regions)``: global output ranges ``((r0, r1), (c0, c1))``."""
+        rows, cols = self.exchange.rows, self.exchange.cols
+        whole = (rows.outputs, cols.outputs)
+        interior = (rows.interior, cols.interior)
+        if not self.overlap or not _nonempty(interior):
+            return [], [whole]
+        (ia, ib), (ja, jb) = interior
+        (oa, ob), (qa, qb) = whole
+        pieces = [((ia + lo, ia + hi), (ja, jb)) for lo, hi in
+                  (block_range(ib - ia, OVERLAP_PIECES, index) for index in range(OVERLAP_PIECES))]
+        border = [((oa, ia), (qa, qb)), ((ib, ob), (qa, qb)), ((ia, ib), (qa, ja)), ((ia, ib), (jb, qb))]
+        return [r for r in pieces if _nonempty(r)], [r for r in border if _nonempty(r)]
+
+    def _chunks(self, region, batch):
+        """The region cut in bands of output rows whose patch matrix has at most `CHUNK_ELEMENTS` entries."""
+        (r0, r1), cols = region
+        patch = self.conv.params["weight"][0].size
+        step = max(1, CHUNK_ELEMENTS // (batch * (cols[1] - cols[0]) * patch))
+        return [((start, min(start + step, r1)), cols) for start in range(r0, r1, step)]
+
+    def _slices(self, region):
+        """Buffer slices of the input window of ``region`` and output-tile slices of ``region``."""
+        stride, pad = self.conv.stride, self.conv.padding
+        axes = (self.exchange.rows, self.exchange.cols)
+        window = tuple(axis.local((lo * stride - pad, (hi - 1) * stride - pad + k))
+                       for axis, (lo, hi), k in zip(axes, region, self.conv.kernel))
+        output = tuple(slice(lo - axis.outputs[0], hi - axis.outputs[0]) for axis, (lo, hi) in zip(axes, region))
+        return (Ellipsis,) + window, (Ellipsis,) + output
+
+    def _run(self, buffer, reverse, work):
+        """Exchange ``buffer``'s halos and call ``work(region, progress)`` on every region, overlapped when asked.
+
+        ``progress`` is to be called between chunks: it lets the halos in flight move.
+        """
+        pieces, border = self._regions()
+        for region in border if reverse else ():
+            work(region, _idle)
+        exchange = self.exchange.start(buffer, reverse)
+        for piece in pieces:
+            work(piece, exchange.progress)
+            exchange.advance()
+        exchange.finish()
+        for region in () if reverse else border:
+            work(region, _idle)
+
+    def forward(self, x):
+        weight = self.conv.params["weight"]
+        x = self._check(x, weight.shape[1], self.in_shape, "input")
+        self._input = self._buffer(self._input, x.shape[0])
+        self._input[(Ellipsis,) + self.exchange.tile_region] = x
+        y = np.empty((x.shape[0], weight.shape[0]) + self.out_shape, self.conv.dtype)
+        self._run(self._input, False, lambda region, progress: self._forward_region(y, region, progress))
+        return y
+
+    def _forward_region(self, y, region, progress):
+        weight = self.conv.params["weight"]
+        matrix, bias = weight.reshape(weight.shape[0], -1), self.conv.params["bias"][:, None]
+        for chunk in self._chunks(region, y.shape[0]):
+            window, output = self._slices(chunk)
+            out = matrix @ patch_matrix(self._input[window], self.conv.kernel, self.conv.stride)
+            out += bias
+            height, width = (hi - lo for lo, hi in chunk)
+            y[output] = out.reshape(-1, y.shape[0], height, width).transpose(1, 0, 2, 3)
+            progress()
+
+    def backward(self, dy):
+        weight = self.conv.params["weight"]
+        dy = self._check(dy, weight.shape[0], self.out_shape, "output gradient")
+        self._grad = self._buffer(self._grad, dy.shape[0])
+        self._grad.fill(0)
+        local = np.zeros(weight.size + weight.shape[0], self.conv.dtype)
+        dweight = local[:weight.size].reshape(weight.shape[0], -1)
+        self._run(self._grad, True, lambda region, progress: self._backward_region(dy, dweight, region, progress))
+        np.sum(dy, axis=(0, 2, 3), out=local[weight.size:])
+        total = np.empty_like(local)
+        self.grid.cart.Allreduce(local, total, op=MPI.SUM)
+        self.grads["weight"][...] = total[:weight.size].reshape(weight.shape)
+        self.grads["bias"][...] = total[weight.size:]
+        return self._grad[(Ellipsis,) + self.exchange.tile_region].copy()
+
+    def _backward_region(self, dy, dweight, region, progress):
+        matrix = self.conv.params["weight"].reshape(dweight.shape)
+        kernel, stride = self.conv.kernel, self.conv.stride
+        for chunk in self._chunks(region, dy.shape[0]):
+            window, output = self._slices(chunk)
+            rows = dy[output].transpose(1, 0, 2, 3).reshape(dweight.shape[0], -1)
+            dweight += rows @ patch_matrix(self._input[window], kernel, stride).T
+            add_patch_matrix(self._grad[window], matrix.T @ rows, kernel, stride)
+            progress()
+
+
+class GatherFlatten(Layer):
+    """`Flatten` of a tiled feature map, gathered whole on every rank.
+
+    Forward: ``Allgatherv`` of the tiles over the grid, ``(n, c, h, w)`` local to
+    ``(n, c * H * W)`` global on every rank: ``(p - 1) alpha + (p-1)/p * n c H W
+    * itemsize * beta`` (ring). Backward: every rank holds the same global gradient
+    and returns its own tile of it; no message.
+    """
+
+    def __init__(self, grid, layout):
+        super().__init__()
+        self.grid, self.layout = grid, layout
+        self.rank_coords = [tuple(grid.cart.Get_coords(rank)) for rank in range(grid.cart.size)]
+
+    def forward(self, x):
+        batch, channels = x.shape[:2]
+        if x.shape[2:] != self.layout.tile_shape(self.grid.coords):
+            raise InputError(f"GatherFlatten: tile of shape {x.shape} does not match the layout")
+        counts = [batch * channels * int(np.prod(self.layout.tile_shape(c))) for c in self.rank_coords]
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+        gathered = np.empty(sum(counts), x.dtype)
+        self.grid.cart.Allgatherv(np.ascontiguousarray(x), [gathered, (counts, displacements)])
+        whole = np.empty((batch, channels, self.layout.height, self.layout.width), x.dtype)
+        for coords, start, count in zip(self.rank_coords, displacements, counts):
+            tile = self.layout.tile(whole, coords)
+            tile[...] = gathered[start:start + count].reshape(tile.shape)
+        return whole.reshape(batch, -1)
+
+    def backward(self, dy):
+        whole = dy.reshape(dy.shape[0], -1, self.layout.height, self.layout.width)
+        return self.layout.tile(whole, self.grid.coords).copy()
+
+
+def _spatial_layers(layers):
+    """The leading layers that act on feature maps (convolution, max pooling, ReLU)."""
+    count = 0
+    while count < len(layers) and isinstance(layers[count], (Conv2d, MaxPool2d, ReLU)):
+        count += 1
+    return layers[:count]
+
+
+def _reduction(layer):
+    """How many input pixels one output pixel of ``layer`` advances by (stride or pool size)."""
+    return layer.stride if isinstance(layer, Conv2d) else layer.k if isinstance(layer, MaxPool2d) else 1
+
+
+def aligned_layout(layers, height, width, dims):
+    """The input `TileLayout` under which every max pooling of the leading spatial layers is aligned.
+
+    The last feature map is split in `kernels.distribution.block_range` blocks;
+    going back layer by layer, an inner boundary ``b`` of a layer's output becomes
+    ``b * stride`` (convolution) or ``b * k`` (pooling) of its input.
+    """
+    spatial = _spatial_layers(layers)
+    sizes = [(height, width)]
+    for layer in spatial:
+        h, w = sizes[-1]
+        if isinstance(layer, Conv2d):
+            sizes.append(tuple((n + 2 * layer.padding - k) // layer.stride + 1 for n, k in zip((h, w), layer.kernel)))
+        else:
+            sizes.append((h // layer.k, w // layer.k) if isinstance(layer, MaxPool2d) else (h, w))
+        if min(sizes[-1]) < 1:
+            raise InputError(f"a {height}x{width} input shrinks to nothing in layer {len(sizes) - 1}")
+    last = TileLayout.blocks(*sizes[-1], dims)
+    bounds = (last.row_bounds, last.col_bounds)
+    for layer, size in zip(reversed(spatial), reversed(sizes[:-1])):
+        factor = _reduction(layer)
+        bounds = tuple(tuple(factor * b for b in axis[:-1]) + (n,) for axis, n in zip(bounds, size))
+    return TileLayout(height, width, *bounds)
+
+
+def domain_parallel_model(model, grid, height, width, overlap=False, method=DEFAULT_PACKING):
+    """The domain-parallel twin of the serial CNN ``model`` for ``(n, c, height, width)`` inputs.
+
+    Convolutions become `HaloConv2d`, pooling and ReLU stay (on tiles), ``Flatten``
+    becomes `GatherFlatten`, and the layers after it are ``model``'s own, run
+    redundantly on every rank. Parameters and the later layers are *shared* with
+    ``model`` (build a second serial model from the same seed to compare).
+
+    Returns
+    -------
+    parallel_model : parallel.layers.Sequential
+        Takes this rank's input tile ``layout.tile(x, grid.coords)``.
+    layout : TileLayout
+        The input layout, from `aligned_layout`.
+    """
+    layout = input_layout = aligned_layout(model.layers, height, width, grid.dims)
+    spatial = _spatial_layers(model.layers)
+    layers = []
+    for layer in spatial:
+        if isinstance(layer, Conv2d):
+            layer = HaloConv2d(layer, grid, layout, overlap, method)
+            layout = layer.out_layout
+        elif isinstance(layer, MaxPool2d):
+            layout = layout.pooled(layer.k)
+        layers.append(layer)
+    rest = model.layers[len(spatial):]
+    if rest and not isinstance(rest[0], Flatten):
+        raise InputError(f"domain_parallel_model: expected Flatten after the spatial layers, got "
+                         f"{type(rest[0]).__name__}")
+    if rest:
+        layers += [GatherFlatten(grid, layout)] + rest[1:]
+    return Sequential(layers), input_layout
