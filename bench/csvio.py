@@ -11,17 +11,18 @@ import os
 
 from kernels.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COLUMNS = (
     "suite", "benchmark", "variant", "backend", "dtype", "ranks", "nodes", "threads",
     "scaling", "size", "size_unit", "iters", "warmup", "t_min_s", "t_med_s", "t_max_s",
     "gflops", "algbw_gbs", "busbw_gbs", "items_per_s", "metric", "metric_value", "wrong",
-    "mpi_library", "host", "timestamp", "params", "schema",
+    "mpi_library", "host", "timestamp", "params", "settings", "schema",
 )
 
 #: The columns that identify a point: a row with the same values is not measured again.
-KEY_COLUMNS = ("suite", "benchmark", "variant", "backend", "dtype", "ranks", "threads", "scaling", "size")
+KEY_COLUMNS = ("suite", "benchmark", "variant", "backend", "dtype", "ranks", "threads", "scaling", "size",
+               "settings")
 
 
 def point_key(row):

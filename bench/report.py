@@ -22,7 +22,7 @@ from bench.registry import get_case
 from bench.units import format_size
 from kernels.errors import InputError
 
-GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size")
+GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
 SCALING_COLUMNS = GROUP + ("ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref",
                            "predicted_s", "model_error", "busbw_gbs", "wrong")
 FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction")
@@ -64,7 +64,7 @@ class _Suites:
 def _predict(case, key, ranks, calib):
     if case is None or calib is None:
         return None
-    suite, benchmark, variant, backend, dtype, scaling, size = key
+    suite, benchmark, variant, backend, dtype, scaling, size, settings = key
     return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, calib)
 
 
@@ -113,8 +113,8 @@ def _karp_flatt(speedup, ranks):
 
 
 def _sort_key(key):
-    suite, benchmark, variant, backend, dtype, scaling, size = key
-    return suite, benchmark, backend, dtype, scaling, variant, int(size)
+    suite, benchmark, variant, backend, dtype, scaling, size, settings = key
+    return suite, benchmark, backend, dtype, settings, scaling, variant, int(size)
 
 
 def serial_fractions(table):

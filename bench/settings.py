@@ -5,12 +5,23 @@ its module docstring and reads them with these helpers, which turn malformed
 values into a one-line `InputError` naming the variable. ``mlscale run|sweep|slurm
 --set DP_MODEL=cnn`` is the same as exporting ``MLSCALE_DP_MODEL=cnn``.
 """
+import json
 import os
 
 from bench.units import parse_size
 from kernels.errors import InputError
 
 PREFIX = "MLSCALE_"
+
+
+#: Variables that steer the harness itself rather than what a suite computes.
+HARNESS_VARIABLES = ("MLSCALE_MPIEXEC", "MLSCALE_DEBUG", "MLSCALE_CUDA_AWARE")
+
+
+def suite_settings():
+    """The ``MLSCALE_*`` suite settings in effect, as sorted JSON: recorded with every point and part of its key."""
+    return json.dumps({name: value for name, value in sorted(os.environ.items())
+                       if name.startswith(PREFIX) and name not in HARNESS_VARIABLES})
 
 
 def apply_overrides(assignments):

@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
+from bench.settings import suite_settings
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
@@ -160,13 +161,14 @@ def _measure_rank_count(sub, case, config, backend, results, library, variants, 
     """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found."""
     threads = _threads_for(sub, config.threads)
     nodes = len(set(sub.allgather(socket.gethostname())))
+    settings = suite_settings()
     wrong_total = 0
     for variant in variants:
         for size in config.sizes:
             base = dict(
                 suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
                 dtype=config.dtype, ranks=sub.size, nodes=nodes, threads=threads,
-                scaling=config.scaling, size=size, size_unit=case.size_unit,
+                scaling=config.scaling, size=size, size_unit=case.size_unit, settings=settings,
             )
             if sub.bcast(results is not None and point_key(base) in results.done, root=0):
                 continue

@@ -1,9 +1,5 @@
 """The ``attention`` suite end to end through the command line, and its check catching wrong results."""
-import csv
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,23 +8,9 @@ from mpi4py import MPI
 from bench.cases.attention import Attention, draw_tokens
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.clitools import mlscale, rows_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = "bench.cases.attention:Attention"
-TIMEOUT = 180
-
-
-def mlscale(*args, **environment):
-    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
-    env = dict(os.environ, **environment)
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=env)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def test_causal_forward_and_backward_sweep(tmp_path):

@@ -31,7 +31,7 @@ def test_unknown_backend_is_an_input_error():
 
 def test_cupy_missing_or_no_gpu_is_one_clear_error():
     try:
-        import cupy  # noqa: F401
+        import cupy  # noqa: F401 - only its absence matters here
     except ImportError:
         with pytest.raises(InputError, match="needs CuPy"):
             get_backend("cupy")

@@ -62,7 +62,9 @@ def test_weak_scaling_and_p2p_rows(tmp_path):
     (["report", "/no/such.csv"], "no such results file"),
     (["bogus-command"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_and_status_2(args, message):
+def test_bad_input_is_one_line_and_status_2(args, message, tmp_path):
+    if args[0] == "run" and "--csv" not in args:
+        args = args + ["--csv", str(tmp_path / "results.csv")]
     status, out, err = mlscale(*args)
     assert status == 2
     assert message in err

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.csvio import COLUMNS, ResultsFile
+from bench.csvio import COLUMNS, SCHEMA_VERSION, ResultsFile
 from bench.report import scaling_table, serial_fractions, write_report
 from kernels.errors import InputError
 
@@ -15,7 +15,7 @@ CALIB = {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_byte": 5e-11,
 def point(variant, ranks, seconds, size=1024, scaling="strong", suite="allreduce"):
     return dict(suite=suite, benchmark=suite, variant=variant, backend="numpy", dtype="float64", ranks=ranks,
                 nodes=1, threads=1, scaling=scaling, size=size, size_unit="bytes", iters=3, warmup=1,
-                t_min_s=seconds, t_med_s=seconds, t_max_s=seconds, busbw_gbs=1.0, wrong=0)
+                t_min_s=seconds, t_med_s=seconds, t_max_s=seconds, busbw_gbs=1.0, wrong=0, settings="{}")
 
 
 def write_points(path, points):
@@ -79,13 +79,13 @@ def test_missing_columns_and_mixed_schemas_are_refused(tmp_path):
         write_report([str(broken)], str(tmp_path / "out"))
     first = write_points(tmp_path / "one.csv", [point("mpi", 1, 1e-3)])
     rows = list(csv.DictReader(open(first)))
-    rows[0]["schema"] = "2"
+    rows[0]["schema"] = str(SCHEMA_VERSION + 1)
     other = tmp_path / "two.csv"
     with open(other, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    with pytest.raises(InputError, match="mixed schema versions 1, 2"):
+    with pytest.raises(InputError, match=f"mixed schema versions {SCHEMA_VERSION}, {SCHEMA_VERSION + 1}"):
         write_report([first, str(other)], str(tmp_path / "out"))
 
 

@@ -1,27 +1,15 @@
 """Suites ``tp`` and ``moe`` end to end through the command line, with tiny layers."""
-import csv
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+from tests.clitools import mlscale as run_mlscale
+from tests.clitools import rows_of
+
 TP, MOE = "bench.cases.tp:TensorParallel", "bench.cases.moe:MixtureOfExperts"
-TIMEOUT = 180
 
 
 def mlscale(settings, *args, ranks=None):
     """Run ``mlscale ARGS`` (under ``mpiexec -n RANKS`` when given) with extra environment ``settings``."""
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks else []
-    done = subprocess.run(launcher + [sys.executable, "-m", "bench.cli", *args], cwd=ROOT,
-                          env=dict(os.environ, **settings), capture_output=True, text=True, timeout=TIMEOUT)
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+    return run_mlscale(*args, ranks=ranks, **settings)
 
 
 def test_tp_sweep_checks_every_variant_and_skips_serial_on_two_ranks(tmp_path):
