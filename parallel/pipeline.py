@@ -277,11 +277,15 @@ class Pipeline:
         self._timed("send", MPI.Request.Waitall, self._sends)
         if self.data_comm is not None:
             self._timed("allreduce", self.data_comm.Allreduce, MPI.IN_PLACE, self._grad_sum)
-        for view, (_, grad) in zip(self._grad_views, self._pairs):
-            grad[...] = view
+        self._timed("compute", self._copy_gradients)
         self.timeline["step"] = MPI.Wtime() - start
         self._batch = self._saved = self._output_grads = self._sends = None
         return self._loss
+
+    def _copy_gradients(self):
+        """Hand the summed micro-batch gradients to the layers' own gradient arrays."""
+        for view, (_, grad) in zip(self._grad_views, self._pairs):
+            grad[...] = view
 
     def _probe_shapes(self, input_shape):
         """Per-sample input and output shapes of this stage: a one-sample zero forward, stage after stage."""
