@@ -3,7 +3,8 @@
 ``mlscale calibrate`` measures on two ranks of this machine:
 
 - alpha: one-way latency of an 8-byte ping-pong (seconds per message);
-- beta: seconds per byte, the slope of one-way ping-pong time over 64 KiB-4 MiB;
+- beta: seconds per byte, the slope of one-way ping-pong time over 1-16 MiB (large
+  messages stream through memory rather than cache, as in large collectives);
 - gamma: seconds per byte of an in-place float64 vector addition (the reduction);
 - memcpy: bytes per second of a 64 MB copy (a reference for bandwidth figures);
 - gemm: floating-point operations per second of one thread multiplying 1024 x 1024
@@ -23,8 +24,8 @@ from threadpoolctl import threadpool_limits
 
 from kernels.errors import InputError
 
-PINGPONG_SIZES = [8 << k for k in range(20)]  # 8 B .. 4 MiB
-SLOPE_FROM = 64 << 10
+PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
+SLOPE_FROM = 1 << 20
 KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "memcpy_bytes_per_s", "gemm_flops_per_s")
 
 
