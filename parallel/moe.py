@@ -52,7 +52,7 @@ from mpi4py import MPI
 
 from kernels.errors import InputError
 from parallel.layers import Layer, Linear, ReLU, Sequential
-from parallel.tensor_parallel import CommCounter
+from parallel.tensor_parallel import CommCounter, CountedCommunication
 
 TOP_K_CHOICES = (1, 2)
 
@@ -269,7 +269,7 @@ class SerialMoE(_MixtureOfExperts):
         return array
 
 
-class ParallelMoE(_MixtureOfExperts):
+class ParallelMoE(CountedCommunication, _MixtureOfExperts):
     """Expert-parallel MoE: rank ``r`` owns experts ``r E/p .. (r+1) E/p - 1`` and routes its own tokens.
 
     Parameters as in `SerialMoE`, plus ``comm`` (the expert-parallel group; ``E``
@@ -289,16 +289,6 @@ class ParallelMoE(_MixtureOfExperts):
         super().__init__(hidden, ffn, experts, range(first, first + self.local_experts), top_k, capacity_factor,
                          seed, dtype, aux_loss_weight)
         self.comm, self.counter = comm, CommCounter(comm)
-
-    @property
-    def bytes_sent(self):
-        """Bytes this rank has sent: all-to-all rows and counts exactly, allreduces as a ring."""
-        return self.counter.bytes_sent
-
-    @property
-    def comm_seconds(self):
-        """Seconds this rank has spent in communication calls."""
-        return self.counter.seconds
 
     def serial_reference(self):
         """A `SerialMoE` with the same settings (call its forward with every rank's token count)."""

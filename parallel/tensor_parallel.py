@@ -223,7 +223,21 @@ class RowParallelLinear(_ParallelLinear):
         return super().backward(self.counter.allgather_rows(dy) if self.sequence_parallel else dy)
 
 
-class ParallelMLP(Sequential):
+class CountedCommunication:
+    """Mixin for layers whose ``counter`` (a `CommCounter`) records their communication."""
+
+    @property
+    def bytes_sent(self):
+        """Bytes this rank has sent (what each layer's counter counts; see its module docstring)."""
+        return self.counter.bytes_sent
+
+    @property
+    def comm_seconds(self):
+        """Seconds this rank has spent in communication calls."""
+        return self.counter.seconds
+
+
+class ParallelMLP(CountedCommunication, Sequential):
     """Megatron MLP block: `ColumnParallelLinear` (hidden -> ffn), ReLU, `RowParallelLinear` (ffn -> hidden).
 
     Equal to the serial ``Sequential([Linear(hidden, ffn, rng=seed), ReLU(),
@@ -256,16 +270,6 @@ class ParallelMLP(Sequential):
         super().__init__([
             ColumnParallelLinear(hidden, ffn, comm, seed, dtype, sequence_parallel, self.counter), ReLU(),
             RowParallelLinear(ffn, hidden, comm, seed + 1, dtype, sequence_parallel, self.counter)])
-
-    @property
-    def bytes_sent(self):
-        """Nominal ring bytes this rank has sent in the block's exchanges (see the module docstring)."""
-        return self.counter.bytes_sent
-
-    @property
-    def comm_seconds(self):
-        """Seconds this rank has spent in the block's communication calls."""
-        return self.counter.seconds
 
     @property
     def serial_slices(self):
