@@ -1,5 +1,8 @@
 """Suite ``dp`` end to end through the command line, on the small digits data set."""
 import json
+
+import numpy as np
+
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of
 
@@ -55,3 +58,22 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
         status, _, err = mlscale(settings, "run", SUITE, "--sizes", "8", "--variants", "mpi", "--csv", path)
         assert status == 2, err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_mnist_idx_files_from_a_directory(tmp_path):
+    from tests.test_datasets import write_idx
+
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", 40), ("t10k", 10)):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28), dtype=np.uint8))
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, count, dtype=np.uint8))
+    path = str(tmp_path / "dp.csv")
+    status, _, err = run_mlscale("sweep", SUITE, "--np", "2", "--ranks", "2", "--sizes", "9", "--variants", "mpi",
+                                 "--iters", "2", "--csv", path, MLSCALE_DP_DATASET=str(tmp_path),
+                                 MLSCALE_DP_MODEL="cnn")
+    assert status == 0, err
+    (row,) = rows_of(path)
+    assert row["wrong"] == "0" and json.loads(row["settings"])["MLSCALE_DP_DATASET"] == str(tmp_path)
+    status, _, err = run_mlscale("run", SUITE, "--sizes", "9", "--csv", path,
+                                 MLSCALE_DP_DATASET=str(tmp_path / "missing"))
+    assert status == 2 and "a directory holding the MNIST IDX files" in err

@@ -12,9 +12,10 @@ hand-written algorithms of `parallel.collectives` (blocking, after backward).
 Settings from environment variables (the command line has no suite options):
 
 - ``MLSCALE_DP_MODEL``: ``mlp`` (default; 784-256-128-10 on MNIST, 64-256-128-10 on
-  digits) or ``cnn`` (`parallel.models.mnist_cnn`, MNIST only).
+  digits) or ``cnn`` (`parallel.models.mnist_cnn`, 28x28 images only).
 - ``MLSCALE_DP_DATASET``: ``mnist`` (default; the 5,000-image sample of
-  `kernels.datasets.load_mnist_sample`) or ``digits`` (1,797 8x8 images).
+  `kernels.datasets.load_mnist_sample`), ``digits`` (1,797 8x8 images), or a
+  directory holding the standard MNIST IDX files (train and t10k, .gz or not).
 - ``MLSCALE_DP_BUCKET_BYTES``: gradient bucket cap in bytes (K/M suffixes; 0: one
   flat buffer). Default: 0, except 64K for ``mpi_overlap`` (overlap needs buckets).
 - ``MLSCALE_DP_PRECISION``: ``full`` (default: gradients exchanged in the model
@@ -38,6 +39,7 @@ the parameters that differ from rank 0's replica on each rank.
 """
 import functools
 import math
+import os
 import resource
 from dataclasses import dataclass
 
@@ -46,7 +48,7 @@ from mpi4py import MPI
 
 from bench.case import Case, Metrics
 from bench.settings import env_choice, env_int, env_size
-from kernels.datasets import load_digits, load_mnist_sample, train_test_split
+from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
@@ -67,9 +69,17 @@ SIXTEEN_BIT_TOLERANCE = 5e-2
 
 @functools.lru_cache(maxsize=4)
 def _split_data(dataset, flat, dtype):
-    """(train_x, test_x, train_y, test_y) of ``dataset``, loaded once per process."""
-    images, labels = DATASETS[dataset](flat=flat, dtype=np.dtype(dtype))
-    return train_test_split(images, labels, test_fraction=0.2, seed=SEED)
+    """(train_x, test_x, train_y, test_y) of ``dataset``, loaded once per process.
+
+    A bundled set is split 80 / 20; a directory of MNIST IDX files keeps its own
+    train and t10k splits.
+    """
+    if dataset in DATASETS:
+        images, labels = DATASETS[dataset](flat=flat, dtype=np.dtype(dtype))
+        return train_test_split(images, labels, test_fraction=0.2, seed=SEED)
+    train_x, train_y = load_mnist_idx(dataset, "train", flat=flat, dtype=np.dtype(dtype))
+    test_x, test_y = load_mnist_idx(dataset, "test", flat=flat, dtype=np.dtype(dtype))
+    return train_x, test_x, train_y, test_y
 
 
 def _build_model(name, inputs, dtype):
@@ -79,9 +89,14 @@ def _build_model(name, inputs, dtype):
 def read_settings(variant):
     """The suite settings of ``variant`` from the ``MLSCALE_DP_*`` environment variables."""
     model = env_choice("MLSCALE_DP_MODEL", "mlp", MODELS)
-    dataset = env_choice("MLSCALE_DP_DATASET", "mnist", tuple(DATASETS))
-    if model == "cnn" and dataset != "mnist":
-        raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist")
+    dataset = os.environ.get("MLSCALE_DP_DATASET", "mnist").strip()
+    if dataset.lower() in DATASETS:
+        dataset = dataset.lower()
+    elif not os.path.isdir(dataset):
+        raise InputError(f"MLSCALE_DP_DATASET={dataset!r}: choose from {', '.join(DATASETS)} "
+                         "or a directory holding the MNIST IDX files")
+    if model == "cnn" and dataset == "digits":
+        raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX directory")
     overlap = variant == "mpi_overlap"
     return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
                 bucket_bytes=env_size("MLSCALE_DP_BUCKET_BYTES", OVERLAP_BUCKET_BYTES if overlap else 0),
