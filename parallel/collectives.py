@@ -121,7 +121,7 @@ class _PowerOfTwoFold:
     """
 
     def __init__(self, comm, work, scratch, ufunc):
-        self.comm = comm
+        self.comm, self.scratch, self.ufunc = comm, scratch, ufunc
         self.size = 1 << (comm.size.bit_length() - 1)
         self.extra = comm.size - self.size
         rank = comm.rank
@@ -135,6 +135,17 @@ class _PowerOfTwoFold:
             self.rank = rank // 2
         else:
             self.rank = rank - self.extra
+
+    @classmethod
+    def start(cls, comm, sendbuf, recvbuf, op):
+        """Validate an allreduce, copy its input into ``recvbuf`` and fold; None when nothing is to reduce.
+
+        The fold gets a scratch vector as long as ``recvbuf`` for incoming data.
+        """
+        ufunc = _allreduce_operands(sendbuf, recvbuf, op)[1]
+        if recvbuf.size == 0 or comm.size == 1:
+            return None
+        return cls(comm, recvbuf, np.empty_like(recvbuf), ufunc)
 
     def real_rank(self, virtual_rank):
         """Rank in ``comm`` of a virtual rank."""
@@ -195,16 +206,14 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     ``log2 p' (alpha + n beta + n gamma)``; folding adds ``2 (alpha + n beta) + n gamma``
     to the critical path. Latency-optimal; best for small vectors.
     """
-    ufunc = _allreduce_operands(sendbuf, recvbuf, op)[1]
-    if recvbuf.size == 0 or comm.size == 1:
+    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
+    if fold is None:
         return recvbuf
-    scratch = np.empty_like(recvbuf)
-    fold = _PowerOfTwoFold(comm, recvbuf, scratch, ufunc)
     if fold.rank is not None:
         distance = 1
         while distance < fold.size:
             partner = fold.real_rank(fold.rank ^ distance)
-            _exchange_and_reduce(comm, recvbuf, partner, scratch, partner, recvbuf, ufunc)
+            _exchange_and_reduce(comm, recvbuf, partner, fold.scratch, partner, recvbuf, fold.ufunc)
             distance <<= 1
     fold.unfold(recvbuf)
     return recvbuf
@@ -225,11 +234,9 @@ def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     ``2 log2 p' alpha + 2 (p'-1)/p' n beta + (p'-1)/p' n gamma``; folding adds
     ``2 (alpha + n beta) + n gamma`` to the critical path.
     """
-    ufunc = _allreduce_operands(sendbuf, recvbuf, op)[1]
-    if recvbuf.size == 0 or comm.size == 1:
+    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
+    if fold is None:
         return recvbuf
-    scratch = np.empty_like(recvbuf)
-    fold = _PowerOfTwoFold(comm, recvbuf, scratch, ufunc)
     if fold.rank is not None:
         bounds = block_offsets(recvbuf.size, fold.size) + [recvbuf.size]
 
@@ -242,8 +249,8 @@ def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
             partner = fold.rank ^ distance
             mine, theirs = group(fold.rank, distance), group(partner, distance)
             real = fold.real_rank(partner)
-            incoming = scratch[: mine.stop - mine.start]
-            _exchange_and_reduce(comm, recvbuf[theirs], real, incoming, real, recvbuf[mine], ufunc)
+            incoming = fold.scratch[: mine.stop - mine.start]
+            _exchange_and_reduce(comm, recvbuf[theirs], real, incoming, real, recvbuf[mine], fold.ufunc)
         for distance in distances:
             partner = fold.rank ^ distance
             real = fold.real_rank(partner)

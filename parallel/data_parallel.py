@@ -48,6 +48,7 @@ from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage
+from parallel.optim import GradientStep
 
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
 PRECISIONS = ("full", "float16", "bfloat16")
@@ -140,7 +141,7 @@ class _WireFormat:
             self.encode = self.decode = lambda values: unpack(pack(values))
 
 
-class DataParallelTrainer:
+class DataParallelTrainer(GradientStep):
     """Train a replica of ``model`` on each rank's shard of every global batch.
 
     Parameters
@@ -210,12 +211,6 @@ class DataParallelTrainer:
     def parameters(self):
         """Return ``[(flat_params, flat_grads)]``, the pairs an optimiser (`parallel.optim.SGD`) updates."""
         return [(self.flat_params, self.flat_grads)]
-
-    def train_step(self, optimizer, x, y, batch_size=None):
-        """`compute_gradients` on this rank's shard ``x, y``, then ``optimizer.step()``; return the loss share."""
-        value = self.compute_gradients(x, y, batch_size)
-        optimizer.step()
-        return value
 
     def compute_gradients(self, x, y, batch_size=None):
         """Leave in `flat_grads` the mean gradient of the global batch whose shard on this rank is ``x, y``.

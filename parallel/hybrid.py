@@ -41,6 +41,7 @@ from kernels.errors import InputError
 from parallel.layers import Linear, ReLU, Sequential
 from parallel.pipeline import Pipeline
 from parallel.tensor_parallel import ParallelMLP
+from parallel.optim import GradientStep
 
 AXES = ("dp", "tp", "pp")
 
@@ -67,7 +68,7 @@ def check_grid(ranks, dp, tp, pp, hidden, ffn, blocks):
                          f"(need blocks >= pp and ffn >= tp)")
 
 
-class HybridTrainer:
+class HybridTrainer(GradientStep):
     """Train the `serial_model` stack on a dp x tp x pp grid of the ranks of ``comm``.
 
     Parameters
@@ -135,12 +136,6 @@ class HybridTrainer:
         rows = self.shard(len(x))
         loss = self.pipeline.compute_gradients(x[rows], y[rows], batch_size=len(x))
         return loss if self.tp_rank == 0 else 0.0
-
-    def train_step(self, optimizer, x, y):
-        """`compute_gradients`, then ``optimizer.step()``; return the loss share."""
-        value = self.compute_gradients(x, y)
-        optimizer.step()
-        return value
 
     def tensor_seconds(self):
         """Seconds this rank has spent in its blocks' tensor-parallel allreduces so far."""

@@ -45,3 +45,13 @@ class SGD:
                 velocity += direction
                 direction = velocity
             param -= self.lr * direction
+
+
+class GradientStep:
+    """Mixin for the parallel trainers: one training step is `compute_gradients`, then the optimiser."""
+
+    def train_step(self, optimizer, x, y, **options):
+        """``compute_gradients(x, y, **options)``, then ``optimizer.step()``; return this rank's loss share."""
+        value = self.compute_gradients(x, y, **options)
+        optimizer.step()
+        return value

@@ -56,6 +56,7 @@ from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.layers import Layer, softmax_cross_entropy
 from parallel.models import flatten_arrays, unflatten_vector
+from parallel.optim import GradientStep
 
 SCHEDULES = ("gpipe", "1f1b")
 BALANCES = ("layers", "params")
@@ -172,7 +173,7 @@ def _array_bytes(saved):
     return sum(value.nbytes for _, _, value in saved if isinstance(value, np.ndarray))
 
 
-class Pipeline:
+class Pipeline(GradientStep):
     """One stage of a pipeline-parallel model: run a schedule of micro-batches with its neighbours.
 
     Every rank of ``comm`` builds its own `Pipeline` (rank ``s`` is stage ``s``).
@@ -233,12 +234,6 @@ class Pipeline:
     def parameters(self):
         """Return this stage's ``(param, grad)`` pairs (for the optimiser)."""
         return list(self._pairs)
-
-    def train_step(self, optimizer, x, y, batch_size=None):
-        """`compute_gradients`, then ``optimizer.step()``; return the loss (0.0 except on the last stage)."""
-        value = self.compute_gradients(x, y, batch_size)
-        optimizer.step()
-        return value
 
     def compute_gradients(self, x, y, batch_size=None):
         """Run the schedule on one batch; leave the batch's gradient in the stage's layers.
