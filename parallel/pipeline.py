@@ -1,28 +1,17 @@
 """Pipeline parallelism: a model's layers split into stages over ranks, trained on micro-batches.
 
-Stages
-    A model is a list of layers (e.g. ``mlp(...).layers``). Rank ``s`` of the
-    pipeline communicator runs stage ``s``: a contiguous range of the layers given
-    by `partition`, either ``balance="layers"`` (`block_range` of the layer count:
-    stages differ by at most one layer, ReLUs included) or ``balance="params"``
-    (the contiguous split that minimises the largest per-stage parameter count).
-    Every stage needs at least one layer.
 Micro-batches
     A batch of ``n`` samples (a multiple of ``m``) is cut into ``m`` micro-batches of
     ``b = n / m`` rows, so every message has a shape known in advance: ``(b,) +
     shape``, ``shape`` being the per-sample shape at a stage boundary, found at
     construction by a one-sample forward, stage after stage (``p - 1`` small messages).
-Schedules (`stage_schedule`)
-    ``gpipe``: all ``m`` forwards, then all ``m`` backwards; stage ``s`` keeps the
-    activations of ``m`` micro-batches. ``1f1b``: ``w = min(p - s - 1, m)`` warm-up
-    forwards, then one forward and one backward in turn, then ``w`` cool-down
-    backwards; at most ``min(p - s, m)`` micro-batches in flight on stage ``s``.
-    Both have the ideal bubble ``(p - 1) / (m + p - 1)`` (`theoretical_bubble`).
 Messages
     Forward: the first stage slices its input; stage ``s > 0`` receives each
-    micro-batch's activation from ``s - 1`` (``Recv`` into a fresh buffer, since the
-    layers keep a reference for backward) and sends its output to ``s + 1`` with
-    ``Isend``. Backward mirrors it with the output gradients. Sends are
+    micro-batch's activation from ``s - 1`` and sends its output to ``s + 1`` with
+    ``Isend``. Backward mirrors it with the output gradients. Receives are posted one
+    micro-batch ahead (``Irecv``), into buffers that a micro-batch gives back after
+    its backward (the layers keep a reference to their input until then), so that a
+    message lands in place in memory that is already paged in (`Inbox`). Sends are
     non-blocking (blocking ones deadlock 1F1B: neighbours send to each other at once),
     tested after every action so that MPI moves them on, and waited for at the end.
     Both schedules take micro-batches in order, as MPI delivers them between two ranks.
@@ -40,8 +29,12 @@ Per-micro-batch state
 Timeline (`Pipeline.timeline`, last step)
     Seconds in ``compute`` (forward, backward, loss, gradient sums), ``send``
     (``Isend``, progress tests and the final wait), ``wait`` (blocked in ``Recv``),
-    ``allreduce`` (data parallelism) and the whole ``step``. `bubble_fraction` turns
-    the stages' compute and step times into the measured bubble.
+    ``allreduce`` (data parallelism) and the whole ``step``.
+    `parallel.pipeline_schedule.bubble_fraction` and ``idle_fraction`` turn these
+    into the measured bubble. `bubble_fraction` turns
+    the stages' compute and step times into the measured bubble (idle share of the
+    busiest stage: fill and drain), `idle_fraction` into the idle share of all
+    stages (the bubble plus what unequal stages cost).
 
 Communication cost per step, stage ``s`` of ``p`` (inner stages; the first and last
 stages have half of it), boundary widths ``w_in``, ``w_out`` elements per sample and
@@ -52,90 +45,13 @@ parameters over ``data_comm`` when given.
 import numpy as np
 from mpi4py import MPI
 
-from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.layers import Layer, softmax_cross_entropy
 from parallel.models import flatten_arrays, unflatten_vector
 from parallel.optim import GradientStep
+from parallel.pipeline_schedule import FORWARD, stage_schedule
 
-SCHEDULES = ("gpipe", "1f1b")
-BALANCES = ("layers", "params")
-FORWARD, BACKWARD = "forward", "backward"
 _FORWARD_TAG, _BACKWARD_TAG, _PROBE_TAG = 11, 12, 13
-
-
-def layer_parameter_count(layer):
-    """Number of parameter elements of ``layer`` (nested layers included)."""
-    return sum(param.size for param, _ in layer.parameters())
-
-
-def partition(layers, stages, balance="layers"):
-    """Return the ``(start, stop)`` layer range of every stage, in stage order.
-
-    Parameters
-    ----------
-    layers : sequence of Layer
-    stages : int
-        Number of stages, ``1 <= stages <= len(layers)``.
-    balance : {"layers", "params"}
-        ``layers``: `block_range` of the layer count. ``params``: minimise the
-        largest stage's parameter count (dynamic programming over the cut points;
-        on ties, earlier stages get fewer layers).
-    """
-    n = len(layers)
-    if balance not in BALANCES:
-        raise InputError(f"unknown pipeline balance {balance!r}; choose from {', '.join(BALANCES)}")
-    if not 1 <= stages <= n:
-        raise InputError(f"a pipeline of {stages} stages needs at least {stages} layers (one per stage); "
-                         f"the model has {n}")
-    if balance == "layers":
-        return [block_range(n, stages, stage) for stage in range(stages)]
-    prefix = np.cumsum([0] + [layer_parameter_count(layer) for layer in layers])
-    # cost[k][j]: smallest largest-stage count when the first j layers form k stages; cut[k][j]: last start.
-    cost = np.full((stages + 1, n + 1), np.inf)
-    cut = np.zeros((stages + 1, n + 1), dtype=int)
-    cost[0][0] = 0
-    for k in range(1, stages + 1):
-        for j in range(k, n + 1):
-            for i in range(k - 1, j):
-                candidate = max(cost[k - 1][i], prefix[j] - prefix[i])
-                if candidate < cost[k][j]:
-                    cost[k][j], cut[k][j] = candidate, i
-    bounds, stop = [], n
-    for k in range(stages, 0, -1):
-        bounds.append((int(cut[k][stop]), stop))
-        stop = int(cut[k][stop])
-    return bounds[::-1]
-
-
-def stage_schedule(name, stages, stage, micro_batches):
-    """Return stage ``stage``'s actions in order: ``("forward" | "backward", micro-batch index)`` pairs.
-
-    ``gpipe``: all forwards, then all backwards. ``1f1b``: ``min(stages - stage - 1,
-    micro_batches)`` warm-up forwards, one forward and one backward in turn, then
-    the remaining backwards.
-    """
-    if name not in SCHEDULES:
-        raise InputError(f"unknown pipeline schedule {name!r}; choose from {', '.join(SCHEDULES)}")
-    m = micro_batches
-    if name == "gpipe":
-        return [(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)]
-    warmup = min(stages - stage - 1, m)
-    actions = [(FORWARD, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        actions += [(FORWARD, warmup + i), (BACKWARD, i)]
-    return actions + [(BACKWARD, i) for i in range(m - warmup, m)]
-
-
-def theoretical_bubble(stages, micro_batches):
-    """The idle fraction ``(p - 1) / (m + p - 1)`` of a pipeline with equal stage times and free messages."""
-    return (stages - 1) / (micro_batches + stages - 1)
-
-
-def bubble_fraction(compute_seconds, step_seconds):
-    """Measured bubble: ``1 - sum(compute) / (p * max(step))`` over the ``p`` stages' times."""
-    longest = max(step_seconds)
-    return 1.0 - sum(compute_seconds) / (len(compute_seconds) * longest) if longest > 0 else 0.0
 
 
 def _nested_layers(value):
@@ -171,6 +87,58 @@ def restore_caches(saved):
 
 def _array_bytes(saved):
     return sum(value.nbytes for _, _, value in saved if isinstance(value, np.ndarray))
+
+
+class Inbox:
+    """The messages of one direction (activations or gradients) from one neighbour, in order.
+
+    One receive is always posted ahead, into a buffer of ``(rows,) + shape`` from a
+    pool that the owner refills with `give_back` once done with a buffer.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+    source, tag : int
+        The neighbour's rank and the messages' tag.
+    shape : tuple of int
+        Per-sample shape of a message.
+    dtype : numpy dtype
+    """
+
+    def __init__(self, comm, source, tag, shape, dtype):
+        self.comm, self.source, self.tag, self.shape, self.dtype = comm, source, tag, shape, dtype
+        self.rows, self.pool, self.posted, self.remaining = None, [], None, 0
+
+    def open(self, rows, count):
+        """Expect ``count`` messages of ``rows`` samples; post the first receive."""
+        if rows != self.rows:
+            self.rows, self.pool = rows, []
+        self.remaining = count
+        self._post()
+
+    def _post(self):
+        if self.remaining:
+            buffer = self.pool.pop() if self.pool else np.empty((self.rows,) + self.shape, self.dtype)
+            self.posted = (buffer, self.comm.Irecv(buffer, self.source, self.tag))
+            self.remaining -= 1
+
+    def take(self):
+        """Wait for the next message, post the receive of the one after, and return the message."""
+        buffer, request = self.posted
+        request.Wait()
+        self.posted = None
+        self._post()
+        return buffer
+
+    def give_back(self, buffer):
+        """Return a buffer that `take` gave (None: nothing to return) to the pool."""
+        if buffer is not None:
+            self.pool.append(buffer)
+
+
+def _reusable(received, sent):
+    """``received``, or None if ``sent`` (a message whose send may be pending) may view its memory."""
+    return None if np.may_share_memory(received, sent) else received
 
 
 class Pipeline(GradientStep):
@@ -228,6 +196,10 @@ class Pipeline(GradientStep):
         self._grad_sum = flatten_arrays([grad for _, grad in self._pairs])
         self._grad_views = unflatten_vector(self._grad_sum, [grad.shape for _, grad in self._pairs])
         self.input_shape, self.output_shape = self._probe_shapes(tuple(input_shape))
+        self._activations_in = None if self.first else Inbox(comm, self.stage - 1, _FORWARD_TAG,
+                                                             self.input_shape, self.dtype)
+        self._gradients_in = None if self.last else Inbox(comm, self.stage + 1, _BACKWARD_TAG,
+                                                          self.output_shape, self.dtype)
         self.timeline = {}
         self.peak_in_flight = self.peak_activation_bytes = 0
 
@@ -260,7 +232,10 @@ class Pipeline(GradientStep):
                              f"(use a multiple of {m})")
         rows = n // m
         self._batch = (x, y, rows, n if batch_size is None else batch_size)
-        self._saved, self._saved_bytes, self._output_grads, self._sends = {}, {}, {}, []
+        self._saved, self._saved_bytes, self._output_grads, self._sends, self._inputs = {}, {}, {}, [], {}
+        for inbox in (self._activations_in, self._gradients_in):
+            if inbox is not None:
+                inbox.open(rows, m)
         self._loss = 0.0
         self.timeline = dict.fromkeys(("compute", "send", "wait", "allreduce"), 0.0)
         self.peak_in_flight = self.peak_activation_bytes = 0
@@ -274,7 +249,7 @@ class Pipeline(GradientStep):
             self._timed("allreduce", self.data_comm.Allreduce, MPI.IN_PLACE, self._grad_sum)
         self._timed("compute", self._copy_gradients)
         self.timeline["step"] = MPI.Wtime() - start
-        self._batch = self._saved = self._output_grads = self._sends = None
+        self._batch = self._saved = self._output_grads = self._sends = self._inputs = None
         return self._loss
 
     def _copy_gradients(self):
@@ -302,11 +277,6 @@ class Pipeline(GradientStep):
         self.timeline[kind] += MPI.Wtime() - start
         return result
 
-    def _receive(self, shape, source, tag):
-        buffer = np.empty((self._batch[2],) + shape, self.dtype)
-        self._timed("wait", self.comm.Recv, buffer, source, tag)
-        return buffer
-
     def _send(self, array, dest, tag):
         buffer = np.ascontiguousarray(array, dtype=self.dtype)
         self._sends.append(self._timed("send", self.comm.Isend, buffer, dest, tag))
@@ -314,9 +284,11 @@ class Pipeline(GradientStep):
     def _forward(self, index):
         x, y, rows, divisor = self._batch
         part = slice(index * rows, (index + 1) * rows)
-        inputs = x[part] if self.first else self._receive(self.input_shape, self.stage - 1, _FORWARD_TAG)
+        inputs = x[part] if self.first else self._timed("wait", self._activations_in.take)
         start = MPI.Wtime()
         outputs = self._forward_layers(inputs)
+        if not self.first:
+            self._inputs[index] = _reusable(inputs, outputs)
         self._saved[index] = save_caches(self.layers)
         self._saved_bytes[index] = _array_bytes(self._saved[index])
         if self.last:
@@ -331,9 +303,9 @@ class Pipeline(GradientStep):
 
     def _backward(self, index):
         if self.last:
-            grad = self._output_grads.pop(index)
+            grad = received = self._output_grads.pop(index)
         else:
-            grad = self._receive(self.output_shape, self.stage + 1, _BACKWARD_TAG)
+            grad = received = self._timed("wait", self._gradients_in.take)
         start = MPI.Wtime()
         restore_caches(self._saved.pop(index))
         del self._saved_bytes[index]
@@ -342,5 +314,8 @@ class Pipeline(GradientStep):
         for view, (_, layer_grad) in zip(self._grad_views, self._pairs):
             view += layer_grad
         self.timeline["compute"] += MPI.Wtime() - start
+        if not self.last:
+            self._gradients_in.give_back(_reusable(received, grad))
         if not self.first:
+            self._activations_in.give_back(self._inputs.pop(index))
             self._send(grad, self.stage - 1, _BACKWARD_TAG)

@@ -6,18 +6,21 @@ import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.layers import softmax_cross_entropy
+from parallel.layers import Flatten, Linear, Sequential, softmax_cross_entropy
 from parallel.models import forward_backward, mlp
 from parallel.optim import SGD
-from parallel.pipeline import (BACKWARD, FORWARD, SCHEDULES, Pipeline, bubble_fraction, layer_parameter_count,
-                               partition, stage_schedule, theoretical_bubble)
+from parallel.pipeline import Pipeline
+from parallel.pipeline_schedule import (BACKWARD, FORWARD, SCHEDULES, bubble_fraction, idle_fraction,
+                                        layer_parameter_count, partition, stage_schedule, theoretical_bubble)
 
 SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages
 BATCH = 12
+WIDE = 300  # 16 rows x 300 float64 = 38 KB per message
 
 
-def simulate(name, stages, micro_batches):
-    """Finish time of every stage when each action takes one time unit and messages are free.
+def simulate(name, stages, micro_batches, durations=None):
+    """Finish time of every stage when each action of stage ``s`` takes ``durations[s]`` (default one
+    time unit) and messages are free.
 
     Stages run their schedules in order; an action starts once its input exists
     (forward: the previous stage's forward; backward: the next stage's backward).
@@ -38,7 +41,7 @@ def simulate(name, stages, micro_batches):
                 if needed is not None and needed not in finished:
                     break
                 start = max(clocks[stage], finished[needed] if needed else 0)
-                clocks[stage] = finished[(kind, index, stage)] = start + 1
+                clocks[stage] = finished[(kind, index, stage)] = start + (durations or [1] * stages)[stage]
                 queue.pop(0)
                 moved = True
     return None if any(queues) else clocks
@@ -56,8 +59,22 @@ def test_schedules_run_each_micro_batch_once_without_deadlock_and_reach_the_idea
             assert in_flight.max() == expected
         clocks = simulate(name, stages, micro_batches)
         assert clocks is not None
-        measured = bubble_fraction([2 * micro_batches] * stages, clocks)
-        assert measured == pytest.approx(theoretical_bubble(stages, micro_batches))
+        for share in (bubble_fraction, idle_fraction):
+            assert share([2 * micro_batches] * stages, clocks) == pytest.approx(theoretical_bubble(stages, micro_batches))
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_a_slow_stage_adds_idle_time_to_the_others_but_not_to_the_bubble(name):
+    for stages, micro_batches in itertools.product(range(2, 5), (4, 8, 16)):
+        durations = [1.0] * stages
+        durations[stages // 2] = 1.25
+        clocks = simulate(name, stages, micro_batches, durations)
+        compute = [2 * micro_batches * duration for duration in durations]
+        bubble, idle = bubble_fraction(compute, clocks), idle_fraction(compute, clocks)
+        # The slow stage idles only while the faster ones fill and drain the pipeline.
+        assert bubble <= theoretical_bubble(stages, micro_batches) + 1e-12
+        assert idle == pytest.approx(bubble + (max(compute) - np.mean(compute)) / max(clocks))
+        assert idle > theoretical_bubble(stages, micro_batches)
 
 
 def test_one_f_one_b_warms_up_with_p_minus_s_minus_1_forwards():
@@ -124,6 +141,29 @@ def test_training_steps_equal_serial_steps(comm, name, micro_batches, balance):
         weights_match = all(np.allclose(got, want, rtol=1e-11, atol=1e-13)
                             for (got, _), (want, _) in zip(pipeline.parameters(), mine))
         assert all_ranks(comm, weights_match)
+
+
+def view_stages(stages):
+    """One layer per stage: Linear on even stages, Flatten (whose output views its input) on odd ones."""
+    return [Flatten() if stage % 2 else Linear(WIDE, WIDE, rng=stage, dtype=np.float64) for stage in range(stages)]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_stages_that_pass_views_of_received_buffers_on_train_like_the_serial_model(comm, name):
+    # Flatten sends (and returns as gradient) views of the buffers it received: those
+    # buffers stay out of the receive pool, and the others are reused over three steps.
+    layers = view_stages(comm.size)
+    pipeline = Pipeline(layers[comm.rank:comm.rank + 1], comm, (WIDE,), 4, name, np.float64)
+    serial = Sequential(view_stages(comm.size))
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x, y = rng.standard_normal((64, WIDE)), rng.integers(0, WIDE, 64)
+        loss = comm.allreduce(pipeline.compute_gradients(x, y))
+        assert loss == pytest.approx(forward_backward(serial, softmax_cross_entropy, x, y), rel=1e-12)
+        mine = serial.layers[comm.rank].parameters()
+        assert all_ranks(comm, all(np.allclose(got, want, rtol=1e-12)
+                                   for (_, got), (_, want) in zip(pipeline.parameters(), mine)))
 
 
 @pytest.mark.mpi(min_size=1)

@@ -35,7 +35,11 @@ def test_pp_sweep_checks_both_schedules_and_records_the_timeline(tmp_path):
         assert sum(params["stage_layers"]) == 5 and len(params["stage_layers"]) == ranks
         expected_in_flight = [4] * ranks if row["variant"] == "gpipe" else [min(ranks - s, 4) for s in range(ranks)]
         assert params["peak_in_flight"] == expected_in_flight
-        assert all(len(params[kind]) == ranks for kind in ("compute_s", "send_s", "wait_s", "peak_activation_mib"))
+        assert all(len(params[kind]) == ranks for kind in ("compute_s", "send_s", "wait_s", "step_s",
+                                                            "peak_activation_mib"))
+        # Idle share of all stages = bubble of the busiest stage + what the faster ones wait for it.
+        assert params["stage_imbalance"] >= 0
+        assert params["idle_fraction"] >= float(row["metric_value"]) - 1e-4
 
 
 def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):

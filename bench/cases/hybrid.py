@@ -25,7 +25,7 @@ Settings from environment variables (or ``--set HYBRID_GRID=2x1x2``):
 Recorded: items_per_s (samples per second); metric ``comm_share``: ``1 - sum_r
 busy_r / (P max_r step_r)`` over all ``P`` ranks, ``busy`` being computation
 without the tensor-parallel allreduces (so the share covers tensor, pipeline and
-data-parallel communication and the pipeline bubble), seconds summed over the
+data-parallel communication and the pipeline bubble) of each run, median over the
 point's runs; params: ``dp``, ``tp``, ``pp``, the settings, ``theoretical_bubble``
 of the pipeline axis, and per rank the mean seconds per step in ``compute_s``
 (tensor allreduces included), ``tensor_s``, ``send_s``, ``wait_s`` (pipeline) and
@@ -53,7 +53,7 @@ from kernels.errors import InputError
 from parallel.hybrid import AXES, HybridTrainer, check_grid, serial_model
 from parallel.models import flat_storage
 from parallel.optim import SGD
-from parallel.pipeline import SCHEDULES, theoretical_bubble
+from parallel.pipeline_schedule import SCHEDULES, theoretical_bubble
 
 SEED = 2024
 GRID_PATTERN = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
@@ -153,9 +153,9 @@ class Hybrid(Case):
 
     def metrics(self, state, seconds):
         """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
-        busy = state.timeline.seconds["compute"] - state.timeline.seconds.get("tensor", 0.0)
+        share = state.timeline.idle_share(state.comm, busy=lambda run: run["compute"] - run.get("tensor", 0.0))
         return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
-                       metric_value=state.timeline.idle_share(state.comm, busy))
+                       metric_value=share)
 
     def params(self, state):
         """Grid, settings and per-rank seconds per step (collective: one allgather)."""

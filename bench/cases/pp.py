@@ -2,7 +2,7 @@
 
 Each rank is one stage of an MLP of ``L`` linear layers of width ``W`` (``W``
 inputs, ``W`` classes, ReLU between layers: ``2 L - 1`` layers, so at most that
-many ranks), split by `parallel.pipeline.partition`. One run is one training step
+many ranks), split by `parallel.pipeline_schedule.partition`. One run is one training step
 (the schedule's forwards and backwards, then plain SGD, lr 0.01) on a fixed
 synthetic global batch of ``size`` samples (standard normal inputs, uniform
 labels) cut into ``m`` micro-batches; ``size`` must be a multiple of ``m``.
@@ -16,12 +16,15 @@ Settings from environment variables (or ``--set PP_WIDTH=...``):
   or ``params`` (balance the stages' parameter counts).
 
 Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
-``1 - sum_r compute_r / (p max_r step_r)`` with each rank's compute and step
-seconds summed over the point's runs; params: ``theoretical_bubble`` ``(p - 1) /
-(m + p - 1)``, the settings, ``stage_layers`` (layers per stage),
+``1 - max_r compute_r / max_r step_r`` (idle share of the busiest stage: the
+schedule's fill and drain) of each run, median over the point's runs; params:
+``theoretical_bubble`` ``(p - 1) / (m + p - 1)``, ``idle_fraction`` ``1 - sum_r
+compute_r / (p max_r step_r)`` (all stages: the bubble plus what unequal stages
+cost) and ``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the
+mean seconds per step, the settings, ``stage_layers`` (layers per stage),
 ``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
 activations are held at once, and their bytes), and per rank the mean seconds per
-step in ``compute_s``, ``send_s`` and ``wait_s`` (see `parallel.pipeline`).
+step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline`).
 
 Check: the weights go back to where the point started (the seed), one more
 pipeline step runs on the first ``n'`` samples of the batch, and every weight is
@@ -43,7 +46,8 @@ from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage, flatten_arrays, forward_backward, mlp
 from parallel.optim import SGD
 from parallel import pipeline
-from parallel.pipeline import BALANCES, SCHEDULES, bubble_fraction, partition, theoretical_bubble
+from parallel.pipeline_schedule import (BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition,
+                                        theoretical_bubble)
 
 SEED = 2024
 LEARNING_RATE = 0.01
@@ -91,23 +95,27 @@ def count_wrong(actual, expected, dtype):
 
 @dataclass
 class Timeline:
-    """Seconds per kind (`TIMELINE_KEYS`, plus ``tensor`` for hybrid runs) summed over a point's runs."""
+    """Seconds per kind (`TIMELINE_KEYS`, plus ``tensor`` for hybrid runs) of each of a point's runs."""
 
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(TIMELINE_KEYS, 0.0))
-    steps: int = 0
+    runs: list = field(default_factory=list)
 
     def add(self, timeline, **extra):
-        for kind, value in dict(timeline, **extra).items():
-            self.seconds[kind] = self.seconds.get(kind, 0.0) + value
-        self.steps += 1
+        self.runs.append(dict(timeline, **extra))
+
+    @property
+    def steps(self):
+        return len(self.runs)
 
     def per_step(self, kind):
-        return self.seconds.get(kind, 0.0) / self.steps if self.steps else math.nan
+        return sum(run.get(kind, 0.0) for run in self.runs) / self.steps if self.steps else math.nan
 
-    def idle_share(self, comm, busy):
-        """`bubble_fraction` over the ranks of ``comm`` with ``busy`` seconds as compute (collective)."""
-        shares = comm.allgather((busy, self.seconds["step"]))
-        return bubble_fraction([b for b, _ in shares], [s for _, s in shares]) if self.steps else math.nan
+    def idle_share(self, comm, share=idle_fraction, busy=lambda run: run["compute"]):
+        """Median over the runs of ``share`` (`idle_fraction` or `bubble_fraction`) across the ranks of
+        ``comm``, with ``busy(run)`` seconds as compute (collective: one allgather)."""
+        every = comm.allgather([(busy(run), run["step"]) for run in self.runs])
+        shares = [share([ranks[i][0] for ranks in every], [ranks[i][1] for ranks in every])
+                  for i in range(self.steps)]
+        return float(np.median(shares)) if shares else math.nan
 
 
 def restore(pairs, initial):
@@ -145,8 +153,9 @@ class Pipeline(Case):
     size_help = ("global batch in samples (weak: per rank), a multiple of MLSCALE_PP_MICROBATCHES; one run = one "
                  "training step; settings MLSCALE_PP_MICROBATCHES, _WIDTH, _LAYERS, _BALANCE (bench/cases/pp.py)")
     default_sizes = "64:512"
-    metrics_help = ("items_per_s = samples/s; metric bubble (measured); params: theoretical_bubble, peak_in_flight "
-                    "and peak_activation_mib per stage, compute_s / send_s / wait_s per rank")
+    metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
+                    "theoretical_bubble, idle_fraction (all stages), stage_imbalance, peak_in_flight and "
+                    "peak_activation_mib per stage, compute_s / send_s / wait_s / step_s per rank")
     dtypes = ("float32", "float64")
 
     def __init__(self):
@@ -199,15 +208,16 @@ class Pipeline(Case):
     def metrics(self, state, seconds):
         """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
         return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="bubble",
-                       metric_value=state.timeline.idle_share(state.comm, state.timeline.seconds["compute"]))
+                       metric_value=state.timeline.idle_share(state.comm, bubble_fraction))
 
     def params(self, state):
         """Settings and per-stage figures (collective: one allgather)."""
         timeline, stage = state.timeline, state.pipeline
         per_rank = state.comm.allgather((stage.peak_in_flight, stage.peak_activation_bytes / 2 ** 20,
                                          timeline.per_step("compute"), timeline.per_step("send"),
-                                         timeline.per_step("wait")))
+                                         timeline.per_step("wait"), timeline.per_step("step")))
         columns = list(zip(*per_rank))
+        compute, steps = columns[2], columns[5]
         return {"schedule": state.schedule, "micro_batches": self.micro_batches, "width": self.width,
                 "layers": self.layers, "balance": self.balance, "stage_layers": state.stage_layers,
                 "theoretical_bubble": round(theoretical_bubble(state.comm.size, self.micro_batches), 4),
@@ -215,4 +225,7 @@ class Pipeline(Case):
                 "peak_activation_mib": [round(value, 3) for value in columns[1]],
                 "compute_s": [round(value, 6) for value in columns[2]],
                 "send_s": [round(value, 6) for value in columns[3]],
-                "wait_s": [round(value, 6) for value in columns[4]], "steps": timeline.steps}
+                "wait_s": [round(value, 6) for value in columns[4]],
+                "step_s": [round(value, 6) for value in steps], "steps": timeline.steps,
+                "idle_fraction": round(idle_fraction(compute, steps), 4),
+                "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
