@@ -1,6 +1,8 @@
 """Suites ``pp`` and ``hybrid`` end to end through the command line, on tiny models."""
 import json
 
+import pytest
+
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of as csv_rows
 
@@ -40,6 +42,16 @@ def test_pp_sweep_checks_both_schedules_and_records_the_timeline(tmp_path):
         # Idle share of all stages = bubble of the busiest stage + what the faster ones wait for it.
         assert params["stage_imbalance"] >= 0
         assert params["idle_fraction"] >= float(row["metric_value"]) - 1e-4
+
+
+def test_pp_reports_the_activation_memory_of_the_timed_steps_not_of_the_smaller_check_step(tmp_path):
+    # Above 256 samples the check trains on a 256-sample sample of the batch.
+    path = str(tmp_path / "pp.csv")
+    status, _, err = mlscale(TINY_PP, "run", PP, "--variants", "gpipe", "--sizes", "256,1024", "--iters", "1",
+                             "--warmup", "0", "--csv", path)
+    assert status == 0, err
+    small, big = (row["params"]["peak_activation_mib"][0] for row in rows_of(path))
+    assert big == pytest.approx(4 * small, rel=0.01)  # GPipe holds every micro-batch: memory grows with the batch
 
 
 def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):

@@ -23,7 +23,7 @@ compute_r / (p max_r step_r)`` (all stages: the bubble plus what unequal stages
 cost) and ``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the
 mean seconds per step, the settings, ``stage_layers`` (layers per stage),
 ``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
-activations are held at once, and their bytes), and per rank the mean seconds per
+activations are held at once, and their bytes; most over the timed runs), and per rank the mean seconds per
 step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline`).
 
 Check: the weights go back to where the point started (the seed), one more
@@ -109,6 +109,9 @@ class Timeline:
     def per_step(self, kind):
         return sum(run.get(kind, 0.0) for run in self.runs) / self.steps if self.steps else math.nan
 
+    def largest(self, kind):
+        return max(run[kind] for run in self.runs) if self.steps else math.nan
+
     def idle_share(self, comm, share=idle_fraction, busy=lambda run: run["compute"]):
         """Median over the runs of ``share`` (`idle_fraction` or `bubble_fraction`) across the ranks of
         ``comm``, with ``busy(run)`` seconds as compute (collective: one allgather)."""
@@ -192,7 +195,9 @@ class Pipeline(Case):
 
     def run(self, state):
         state.pipeline.train_step(state.optimizer, *state.data)
-        state.timeline.add(state.pipeline.timeline)
+        stage = state.pipeline
+        state.timeline.add(stage.timeline, peak_in_flight=stage.peak_in_flight,
+                           peak_activation_bytes=stage.peak_activation_bytes)
 
     def check(self, state):
         stage = state.pipeline
@@ -212,8 +217,9 @@ class Pipeline(Case):
 
     def params(self, state):
         """Settings and per-stage figures (collective: one allgather)."""
-        timeline, stage = state.timeline, state.pipeline
-        per_rank = state.comm.allgather((stage.peak_in_flight, stage.peak_activation_bytes / 2 ** 20,
+        timeline = state.timeline
+        per_rank = state.comm.allgather((timeline.largest("peak_in_flight"),
+                                         timeline.largest("peak_activation_bytes") / 2 ** 20,
                                          timeline.per_step("compute"), timeline.per_step("send"),
                                          timeline.per_step("wait"), timeline.per_step("step")))
         columns = list(zip(*per_rank))
