@@ -9,11 +9,11 @@ Messages
     Forward: the first stage slices its input; stage ``s > 0`` receives each
     micro-batch's activation from ``s - 1`` and sends its output to ``s + 1`` with
     ``Isend``. Backward mirrors it with the output gradients. Receives are posted one
-    micro-batch ahead (``Irecv``), into buffers that a micro-batch gives back after
-    its backward (the layers keep a reference to their input until then), so that a
-    message lands in place in memory that is already paged in (`Inbox`). Sends are
-    non-blocking (blocking ones deadlock 1F1B: neighbours send to each other at once),
-    tested after every action so that MPI moves them on, and waited for at the end.
+    micro-batch ahead into pooled buffers (`parallel.micro_batches.Inbox`); an
+    activation's buffer goes back to the pool after its backward (the layers keep a
+    reference to their input until then). Sends are non-blocking (blocking ones
+    deadlock 1F1B: neighbours send to each other at once), tested after every action
+    so that MPI moves them on, and waited for at the end.
     Both schedules take micro-batches in order, as MPI delivers them between two ranks.
 Loss and gradients
     The last stage applies ``loss(logits, labels, batch_size)`` (softmax
@@ -22,19 +22,14 @@ Loss and gradients
     Each stage sums its gradients in one flat vector, allreduced over ``data_comm``
     (replicas of the stage: data parallelism) when given, then copied into ``grads``.
 Per-micro-batch state
-    Layers keep what backward needs in attributes whose names start with ``_``
-    (``Linear._x``, ``ReLU._mask``...). After each forward the stage saves those
-    attributes (references, no copies) of its layers and of layers nested in them,
-    and restores them before that micro-batch's backward (`save_caches`).
+    Saved after each forward and restored before its backward (`parallel.micro_batches`).
 Timeline (`Pipeline.timeline`, last step)
     Seconds in ``compute`` (forward, backward, loss, gradient sums), ``send``
-    (``Isend``, progress tests and the final wait), ``wait`` (blocked in ``Recv``),
-    ``allreduce`` (data parallelism) and the whole ``step``.
-    `parallel.pipeline_schedule.bubble_fraction` and ``idle_fraction`` turn these
-    into the measured bubble. `bubble_fraction` turns
-    the stages' compute and step times into the measured bubble (idle share of the
-    busiest stage: fill and drain), `idle_fraction` into the idle share of all
-    stages (the bubble plus what unequal stages cost).
+    (``Isend``, progress tests and the final wait), ``wait`` (blocked waiting for a
+    message), ``allreduce`` (data parallelism) and the whole ``step``. The stages'
+    compute and step seconds give the measured bubble (the idle share of the busiest
+    stage: fill and drain) and the idle share of all stages (the bubble plus what
+    unequal stages cost): `parallel.pipeline_schedule.bubble_fraction`, ``idle_fraction``.
 
 Communication cost per step, stage ``s`` of ``p`` (inner stages; the first and last
 stages have half of it), boundary widths ``w_in``, ``w_out`` elements per sample and
@@ -46,99 +41,13 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.layers import Layer, softmax_cross_entropy
+from parallel.layers import softmax_cross_entropy
+from parallel.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
 from parallel.models import flatten_arrays, unflatten_vector
 from parallel.optim import GradientStep
 from parallel.pipeline_schedule import FORWARD, stage_schedule
 
 _FORWARD_TAG, _BACKWARD_TAG, _PROBE_TAG = 11, 12, 13
-
-
-def _nested_layers(value):
-    if isinstance(value, Layer):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, Layer)]
-    return []
-
-
-def save_caches(layers):
-    """Return ``(layer, name, value)`` for every ``_``-named attribute of ``layers`` and their nested layers.
-
-    The values are references (no copies); `restore_caches` puts them back.
-    """
-    saved, todo = [], list(layers)
-    while todo:
-        layer = todo.pop()
-        for name, value in vars(layer).items():
-            nested = _nested_layers(value)
-            if nested:
-                todo += nested
-            elif name.startswith("_"):
-                saved.append((layer, name, value))
-    return saved
-
-
-def restore_caches(saved):
-    """Set back the attributes recorded by `save_caches`."""
-    for layer, name, value in saved:
-        setattr(layer, name, value)
-
-
-def _array_bytes(saved):
-    return sum(value.nbytes for _, _, value in saved if isinstance(value, np.ndarray))
-
-
-class Inbox:
-    """The messages of one direction (activations or gradients) from one neighbour, in order.
-
-    One receive is always posted ahead, into a buffer of ``(rows,) + shape`` from a
-    pool that the owner refills with `give_back` once done with a buffer.
-
-    Parameters
-    ----------
-    comm : MPI.Comm
-    source, tag : int
-        The neighbour's rank and the messages' tag.
-    shape : tuple of int
-        Per-sample shape of a message.
-    dtype : numpy dtype
-    """
-
-    def __init__(self, comm, source, tag, shape, dtype):
-        self.comm, self.source, self.tag, self.shape, self.dtype = comm, source, tag, shape, dtype
-        self.rows, self.pool, self.posted, self.remaining = None, [], None, 0
-
-    def open(self, rows, count):
-        """Expect ``count`` messages of ``rows`` samples; post the first receive."""
-        if rows != self.rows:
-            self.rows, self.pool = rows, []
-        self.remaining = count
-        self._post()
-
-    def _post(self):
-        if self.remaining:
-            buffer = self.pool.pop() if self.pool else np.empty((self.rows,) + self.shape, self.dtype)
-            self.posted = (buffer, self.comm.Irecv(buffer, self.source, self.tag))
-            self.remaining -= 1
-
-    def take(self):
-        """Wait for the next message, post the receive of the one after, and return the message."""
-        buffer, request = self.posted
-        request.Wait()
-        self.posted = None
-        self._post()
-        return buffer
-
-    def give_back(self, buffer):
-        """Return a buffer that `take` gave (None: nothing to return) to the pool."""
-        if buffer is not None:
-            self.pool.append(buffer)
-
-
-def _reusable(received, sent):
-    """``received``, or None if ``sent`` (a message whose send may be pending) may view its memory."""
-    return None if np.may_share_memory(received, sent) else received
 
 
 class Pipeline(GradientStep):
@@ -288,9 +197,9 @@ class Pipeline(GradientStep):
         start = MPI.Wtime()
         outputs = self._forward_layers(inputs)
         if not self.first:
-            self._inputs[index] = _reusable(inputs, outputs)
+            self._inputs[index] = reusable(inputs, outputs)
         self._saved[index] = save_caches(self.layers)
-        self._saved_bytes[index] = _array_bytes(self._saved[index])
+        self._saved_bytes[index] = saved_bytes(self._saved[index])
         if self.last:
             value, self._output_grads[index] = self.loss(outputs, y[part], divisor)
             self._loss += value
@@ -315,7 +224,7 @@ class Pipeline(GradientStep):
             view += layer_grad
         self.timeline["compute"] += MPI.Wtime() - start
         if not self.last:
-            self._gradients_in.give_back(_reusable(received, grad))
+            self._gradients_in.give_back(reusable(received, grad))
         if not self.first:
             self._activations_in.give_back(self._inputs.pop(index))
             self._send(grad, self.stage - 1, _BACKWARD_TAG)
