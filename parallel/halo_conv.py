@@ -10,17 +10,6 @@ the grid with one ``Allreduce``. With ``overlap=True`` the interior outputs (tho
 whose window needs no halo) are computed while the halos are in flight, the
 border after; backward does the border first so that the halo gradients can leave
 early.
-
-`domain_parallel_model` turns a serial CNN (e.g. `parallel.models.mnist_cnn`) into
-its domain-parallel twin: convolutions become `HaloConv2d`, max pooling and ReLU
-run on the tiles as they are, and `GatherFlatten` gathers the last feature map
-on every rank (``Allgatherv``) so that the fully connected part runs redundantly
-on every rank on the whole batch; its input gradient is identical everywhere and
-each rank keeps its own tile of it (the "scatter back" needs no message). One
-domain-parallel training step is then `parallel.models.train_step` on the
-parallel model with this rank's tile of the batch (``layout.tile(x, grid.coords)``)
-and all the labels: losses, gradients and updated weights equal the serial step's
-up to rounding.
 """
 import numpy as np
 from mpi4py import MPI
@@ -28,8 +17,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.halo_exchange import DEFAULT_PACKING, HaloExchange, TileLayout
-from parallel.layers import Conv2d, Flatten, Layer, MaxPool2d, ReLU, Sequential
+from parallel.halo_exchange import DEFAULT_PACKING, HaloExchange
+from parallel.layers import Layer
 
 #: Entries of one chunk's patch matrix: 2 MB in float64, so that it stays in cache.
 CHUNK_ELEMENTS = 1 << 18
@@ -84,7 +73,7 @@ class HaloConv2d(Layer):
     Global input ``(n, c_in, H, W)`` split by ``layout``; local input: this rank's
     tile ``(n, c_in, h, w)``; local output: its tile of ``out_layout`` (outputs
     belong to the owner of their anchor input ``o * stride``, see
-    `parallel.halo_exchange`). Forward: one halo exchange (`HaloExchange`).
+    `parallel.tile_layout`). Forward: one halo exchange (`HaloExchange`).
     Backward: one reverse exchange plus ``Allreduce`` of ``c_out * (c_in k^2 + 1)``
     words over the grid, ``2 log2(p) alpha + 2 (p-1)/p * bytes * beta``.
 
@@ -95,7 +84,7 @@ class HaloConv2d(Layer):
         parameter and gradient arrays, which this layer shares.
     grid : kernels.distribution.ProcessGrid
         2D grid with ``dims == layout.dims``.
-    layout : parallel.halo_exchange.TileLayout
+    layout : parallel.tile_layout.TileLayout
     overlap : bool
         Compute the interior while the halos are in flight.
     method : str
@@ -213,108 +202,3 @@ class HaloConv2d(Layer):
             dweight += rows @ patch_matrix(self._input[window], kernel, stride).T
             add_patch_matrix(self._grad[window], matrix.T @ rows, kernel, stride)
             progress()
-
-
-class GatherFlatten(Layer):
-    """`Flatten` of a tiled feature map, gathered whole on every rank.
-
-    Forward: ``Allgatherv`` of the tiles over the grid, ``(n, c, h, w)`` local to
-    ``(n, c * H * W)`` global on every rank: ``(p - 1) alpha + (p-1)/p * n c H W
-    * itemsize * beta`` (ring). Backward: every rank holds the same global gradient
-    and returns its own tile of it; no message.
-    """
-
-    def __init__(self, grid, layout):
-        super().__init__()
-        self.grid, self.layout = grid, layout
-        self.rank_coords = [tuple(grid.cart.Get_coords(rank)) for rank in range(grid.cart.size)]
-
-    def forward(self, x):
-        batch, channels = x.shape[:2]
-        if x.shape[2:] != self.layout.tile_shape(self.grid.coords):
-            raise InputError(f"GatherFlatten: tile of shape {x.shape} does not match the layout")
-        counts = [batch * channels * int(np.prod(self.layout.tile_shape(c))) for c in self.rank_coords]
-        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-        gathered = np.empty(sum(counts), x.dtype)
-        self.grid.cart.Allgatherv(np.ascontiguousarray(x), [gathered, (counts, displacements)])
-        whole = np.empty((batch, channels, self.layout.height, self.layout.width), x.dtype)
-        for coords, start, count in zip(self.rank_coords, displacements, counts):
-            tile = self.layout.tile(whole, coords)
-            tile[...] = gathered[start:start + count].reshape(tile.shape)
-        return whole.reshape(batch, -1)
-
-    def backward(self, dy):
-        whole = dy.reshape(dy.shape[0], -1, self.layout.height, self.layout.width)
-        return self.layout.tile(whole, self.grid.coords).copy()
-
-
-def _spatial_layers(layers):
-    """The leading layers that act on feature maps (convolution, max pooling, ReLU)."""
-    count = 0
-    while count < len(layers) and isinstance(layers[count], (Conv2d, MaxPool2d, ReLU)):
-        count += 1
-    return layers[:count]
-
-
-def _reduction(layer):
-    """How many input pixels one output pixel of ``layer`` advances by (stride or pool size)."""
-    return layer.stride if isinstance(layer, Conv2d) else layer.k if isinstance(layer, MaxPool2d) else 1
-
-
-def aligned_layout(layers, height, width, dims):
-    """The input `TileLayout` under which every max pooling of the leading spatial layers is aligned.
-
-    The last feature map is split in `kernels.distribution.block_range` blocks;
-    going back layer by layer, an inner boundary ``b`` of a layer's output becomes
-    ``b * stride`` (convolution) or ``b * k`` (pooling) of its input.
-    """
-    spatial = _spatial_layers(layers)
-    sizes = [(height, width)]
-    for layer in spatial:
-        h, w = sizes[-1]
-        if isinstance(layer, Conv2d):
-            sizes.append(tuple((n + 2 * layer.padding - k) // layer.stride + 1 for n, k in zip((h, w), layer.kernel)))
-        else:
-            sizes.append((h // layer.k, w // layer.k) if isinstance(layer, MaxPool2d) else (h, w))
-        if min(sizes[-1]) < 1:
-            raise InputError(f"a {height}x{width} input shrinks to nothing in layer {len(sizes) - 1}")
-    last = TileLayout.blocks(*sizes[-1], dims)
-    bounds = (last.row_bounds, last.col_bounds)
-    for layer, size in zip(reversed(spatial), reversed(sizes[:-1])):
-        factor = _reduction(layer)
-        bounds = tuple(tuple(factor * b for b in axis[:-1]) + (n,) for axis, n in zip(bounds, size))
-    return TileLayout(height, width, *bounds)
-
-
-def domain_parallel_model(model, grid, height, width, overlap=False, method=DEFAULT_PACKING):
-    """The domain-parallel twin of the serial CNN ``model`` for ``(n, c, height, width)`` inputs.
-
-    Convolutions become `HaloConv2d`, pooling and ReLU stay (on tiles), ``Flatten``
-    becomes `GatherFlatten`, and the layers after it are ``model``'s own, run
-    redundantly on every rank. Parameters and the later layers are *shared* with
-    ``model`` (build a second serial model from the same seed to compare).
-
-    Returns
-    -------
-    parallel_model : parallel.layers.Sequential
-        Takes this rank's input tile ``layout.tile(x, grid.coords)``.
-    layout : TileLayout
-        The input layout, from `aligned_layout`.
-    """
-    layout = input_layout = aligned_layout(model.layers, height, width, grid.dims)
-    spatial = _spatial_layers(model.layers)
-    layers = []
-    for layer in spatial:
-        if isinstance(layer, Conv2d):
-            layer = HaloConv2d(layer, grid, layout, overlap, method)
-            layout = layer.out_layout
-        elif isinstance(layer, MaxPool2d):
-            layout = layout.pooled(layer.k)
-        layers.append(layer)
-    rest = model.layers[len(spatial):]
-    if rest and not isinstance(rest[0], Flatten):
-        raise InputError(f"domain_parallel_model: expected Flatten after the spatial layers, got "
-                         f"{type(rest[0]).__name__}")
-    if rest:
-        layers += [GatherFlatten(grid, layout)] + rest[1:]
-    return Sequential(layers), input_layout

@@ -7,11 +7,13 @@ from scipy.signal import correlate
 
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.halo_conv import HaloConv2d, aligned_layout, conv_padding, domain_parallel_model
-from parallel.halo_exchange import PACKING_METHODS, TileLayout
+from parallel.domain_parallel import aligned_layout, domain_parallel_model
+from parallel.halo_conv import HaloConv2d, conv_padding
+from parallel.halo_exchange import PACKING_METHODS
 from parallel.layers import Conv2d, Linear, Sequential, softmax_cross_entropy
 from parallel.models import mnist_cnn, train_step
 from parallel.optim import SGD
+from parallel.tile_layout import TileLayout
 
 GRIDS = [(1, 1), (1, 2), (2, 1), (2, 2), (1, 3)]
 TOLERANCES = {np.float64: 1e-10, np.float32: 1e-4}

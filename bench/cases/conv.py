@@ -46,8 +46,9 @@ from bench.settings import env_choice, env_int
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from parallel.halo_conv import HaloConv2d, conv_padding
-from parallel.halo_exchange import DEFAULT_PACKING, PACKING_METHODS, TileLayout
+from parallel.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
 from parallel.layers import Conv2d
+from parallel.tile_layout import TileLayout
 
 SEED = 2024
 INPUT_STREAM, GRADIENT_STREAM = 1, 2
