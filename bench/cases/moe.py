@@ -8,7 +8,7 @@ Variants ``top1`` and ``top2``: the number of experts per token.
 The model grows with the rank count, as expert parallelism does: ``E = experts
 per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per token
 (``k`` experts) does not change with ``p``; capacity per (rank, expert) is
-``ceil(k n_r / E * capacity_factor)`` (`parallel.moe.expert_capacity`).
+``ceil(k n_r / E * capacity_factor)`` (`parallel.moe_routing.expert_capacity`).
 
 Settings from environment variables (recorded in params):
 
@@ -42,7 +42,8 @@ from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summar
 from bench.settings import env_float, env_int
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from parallel.moe import ParallelMoE, expert_capacity
+from parallel.moe import ParallelMoE
+from parallel.moe_routing import expert_capacity
 
 SEED = 2024
 AUX_LOSS_WEIGHT = 0.01
