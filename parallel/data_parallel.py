@@ -7,11 +7,8 @@ over ranks of the local gradients is the serial mean gradient: one allreduce
 and the same optimiser update keeps the replicas identical.
 
 Buckets
-    The gradients live in one contiguous vector (`parallel.models.flat_storage`),
-    cut into buckets: consecutive parameters taken from the last layer backwards
-    (the order backward produces them), grouped while the bucket holds at most
-    ``bucket_bytes`` bytes of gradient (a larger parameter is a bucket of its own;
-    ``bucket_bytes=0``: one bucket, the whole vector). Each bucket is one allreduce.
+    Gradients are exchanged in buckets of the flat gradient vector, last layers
+    first (`parallel.gradient_wire.bucket_bounds`); each bucket is one allreduce.
 Overlap
     Backward runs layer by layer over ``model.leaves()`` in reverse, which is what
     `Sequential.backward` does (nested ones too). With ``overlap=True``, as soon as
@@ -25,16 +22,8 @@ Accumulation
     another; their gradients are summed in a buffer and exchanged once, during the
     last micro-batch's backward. The sum is the gradient of the whole batch.
 Reduced precision (``precision="float16"`` or ``"bfloat16"``)
-    Master weights, optimiser and local gradients keep the model's dtype; only
-    the exchange is 16-bit. bfloat16 is the upper half of a float32, rounded to
-    nearest even. With ``allreduce="mpi"`` the 16-bit values travel as 16-bit
-    words (half the bytes of float32): float16 as MPI's float16 with ``MPI.SUM``,
-    bfloat16 as uint16 upper halves with a user-defined op that widens to float32,
-    adds and rounds back. The hand-written algorithms reduce float32 / float64
-    only, so with them the rounded values travel in the gradient dtype (for
-    bfloat16: float32 with the low 16 bits zero) and the sum is rounded to the
-    16-bit format at the end: same input and output rounding, float32 partial
-    sums, no bytes saved.
+    Only the exchange is 16-bit; master weights, optimiser and local gradients
+    keep the model's dtype (wire formats: `parallel.gradient_wire`).
 
 Communication cost per step and rank: one allreduce per bucket, i.e. the cost of
 the chosen algorithm (`parallel.collectives`) summed over buckets; for the ring
@@ -46,99 +35,17 @@ from mpi4py import MPI
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.gradient_wire import PRECISIONS, WireFormat, bucket_bounds
 from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage
 from parallel.optim import GradientStep
 
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
-PRECISIONS = ("full", "float16", "bfloat16")
 
 
 def shard(n, comm):
     """Return the slice of a global batch of ``n`` samples that ``comm.rank`` trains on (`block_range`)."""
     return slice(*block_range(n, comm.size, comm.rank))
-
-
-def bucket_bounds(param_sizes, itemsize, bucket_bytes):
-    """Return the buckets of a flat vector as ``(start, stop)`` pairs, last parameters first.
-
-    Parameters
-    ----------
-    param_sizes : sequence of int
-        Element counts of the parameters, in flat-vector order.
-    itemsize : int
-        Bytes per element.
-    bucket_bytes : int
-        Cap on a bucket's bytes; a parameter larger than the cap is a bucket of its
-        own. 0: one bucket holding everything.
-    """
-    bounds = []
-    start = stop = int(sum(param_sizes))
-    for size in reversed(param_sizes):
-        if bucket_bytes and start < stop and (stop - start + size) * itemsize > bucket_bytes:
-            bounds.append((start, stop))
-            stop = start
-        start -= size
-    bounds.append((start, stop))
-    return bounds
-
-
-def bfloat16_bits(values):
-    """Return ``values`` rounded to bfloat16 (nearest, ties to even) as uint16 upper halves of float32."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    tie_to_even = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
-
-
-def bfloat16_values(bits):
-    """Return the float32 numbers of bfloat16 ``bits`` (uint16 upper halves; low 16 bits zero)."""
-    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def _bfloat16_sum(incoming, partial, datatype):
-    """MPI user op: ``partial = bf16(float32(incoming) + float32(partial))`` on uint16 words."""
-    incoming = np.frombuffer(incoming, dtype=np.uint16)
-    partial = np.frombuffer(partial, dtype=np.uint16)
-    partial[:] = bfloat16_bits(bfloat16_values(incoming) + bfloat16_values(partial))
-
-
-_USER_OPS = {}
-
-
-def _bfloat16_sum_op():
-    """The MPI op of `_bfloat16_sum`, created once per process."""
-    if "bfloat16" not in _USER_OPS:
-        _USER_OPS["bfloat16"] = MPI.Op.Create(_bfloat16_sum, commute=True)
-    return _USER_OPS["bfloat16"]
-
-
-# precision -> (pack to 16-bit words, unpack to float32, dtype of the words, MPI op on the words)
-_SIXTEEN_BIT = {
-    "float16": (lambda x: np.asarray(x, dtype=np.float16), lambda w: w.astype(np.float32), np.float16,
-                lambda: MPI.SUM),
-    "bfloat16": (bfloat16_bits, bfloat16_values, np.uint16, _bfloat16_sum_op),
-}
-
-
-class _WireFormat:
-    """How a bucket's gradients are encoded before the allreduce and decoded after it.
-
-    ``full``: the gradients are reduced in place (no encoding). ``native`` 16-bit:
-    16-bit words with their own MPI op. Otherwise (hand-written algorithms) the
-    gradients are rounded to the 16-bit format in their own dtype before and after.
-    """
-
-    def __init__(self, precision, native, grad_dtype):
-        self.full = precision == "full"
-        self.dtype, self.op = grad_dtype, MPI.SUM
-        if self.full:
-            return
-        pack, unpack, words, make_op = _SIXTEEN_BIT[precision]
-        if native:
-            self.dtype, self.op = np.dtype(words), make_op()
-            self.encode, self.decode = pack, unpack
-        else:
-            self.encode = self.decode = lambda values: unpack(pack(values))
 
 
 class DataParallelTrainer(GradientStep):
@@ -162,7 +69,7 @@ class DataParallelTrainer(GradientStep):
     micro_batches : int
         Micro-batches per rank and step, gradients accumulated (>= 1).
     precision : {"full", "float16", "bfloat16"}
-        Format of the gradient exchange (see the module docstring).
+        Format of the gradient exchange (see `parallel.gradient_wire`).
     loss : callable
         ``loss(logits, labels, batch_size) -> (value, dlogits)`` dividing by
         ``batch_size``, like `softmax_cross_entropy`.
@@ -198,7 +105,7 @@ class DataParallelTrainer(GradientStep):
         self._layers = [(leaf, sum(array.size for array in leaf.params.values())) for leaf in model.leaves()]
         sizes = [array.size for leaf, _ in self._layers for array in leaf.params.values()]
         self.buckets = bucket_bounds(sizes, self.flat_grads.itemsize, int(bucket_bytes))
-        self._format = _WireFormat(precision, allreduce == "mpi", self.flat_grads.dtype)
+        self._format = WireFormat(precision, allreduce == "mpi", self.flat_grads.dtype)
         self._grads = [self.flat_grads[start:stop] for start, stop in self.buckets]
         self._wires = self._grads if self._format.full else \
             [np.empty(stop - start, self._format.dtype) for start, stop in self.buckets]

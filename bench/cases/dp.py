@@ -19,7 +19,7 @@ Settings from environment variables (the command line has no suite options):
 - ``MLSCALE_DP_BUCKET_BYTES``: gradient bucket cap in bytes (K/M suffixes; 0: one
   flat buffer). Default: 0, except 64K for ``mpi_overlap`` (overlap needs buckets).
 - ``MLSCALE_DP_PRECISION``: ``full`` (default: gradients exchanged in the model
-  dtype), ``float16`` or ``bfloat16`` (see `parallel.data_parallel`).
+  dtype), ``float16`` or ``bfloat16`` (see `parallel.gradient_wire`).
 - ``MLSCALE_DP_MICRO_BATCHES``: micro-batches accumulated per step (default 1).
 
 Recorded: items_per_s (global samples per second); metric ``comm_share``: the
@@ -52,7 +52,8 @@ from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, tra
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.data_parallel import PRECISIONS, DataParallelTrainer
+from parallel.data_parallel import DataParallelTrainer
+from parallel.gradient_wire import PRECISIONS
 from parallel.layers import softmax_cross_entropy
 from parallel.models import accuracy, mlp, mnist_cnn, train_step
 from parallel.optim import SGD

@@ -1,0 +1,106 @@
+"""How gradients travel in data-parallel training: buckets of the flat vector and 16-bit wire formats.
+
+Buckets
+    The gradients live in one contiguous vector (`parallel.models.flat_storage`),
+    cut into buckets: consecutive parameters taken from the last layer backwards
+    (the order backward produces them), grouped while the bucket holds at most
+    ``bucket_bytes`` bytes of gradient (a larger parameter is a bucket of its own;
+    ``bucket_bytes=0``: one bucket, the whole vector). Each bucket is one allreduce.
+Reduced precision (``precision="float16"`` or ``"bfloat16"``)
+    Master weights, optimiser and local gradients keep the model's dtype; only
+    the exchange is 16-bit. bfloat16 is the upper half of a float32, rounded to
+    nearest even. With ``allreduce="mpi"`` the 16-bit values travel as 16-bit
+    words (half the bytes of float32): float16 as MPI's float16 with ``MPI.SUM``,
+    bfloat16 as uint16 upper halves with a user-defined op that widens to float32,
+    adds and rounds back. The hand-written algorithms reduce float32 / float64
+    only, so with them the rounded values travel in the gradient dtype (for
+    bfloat16: float32 with the low 16 bits zero) and the sum is rounded to the
+    16-bit format at the end: same input and output rounding, float32 partial
+    sums, no bytes saved.
+"""
+import numpy as np
+from mpi4py import MPI
+
+PRECISIONS = ("full", "float16", "bfloat16")
+
+
+def bucket_bounds(param_sizes, itemsize, bucket_bytes):
+    """Return the buckets of a flat vector as ``(start, stop)`` pairs, last parameters first.
+
+    Parameters
+    ----------
+    param_sizes : sequence of int
+        Element counts of the parameters, in flat-vector order.
+    itemsize : int
+        Bytes per element.
+    bucket_bytes : int
+        Cap on a bucket's bytes; a parameter larger than the cap is a bucket of its
+        own. 0: one bucket holding everything.
+    """
+    bounds = []
+    start = stop = int(sum(param_sizes))
+    for size in reversed(param_sizes):
+        if bucket_bytes and start < stop and (stop - start + size) * itemsize > bucket_bytes:
+            bounds.append((start, stop))
+            stop = start
+        start -= size
+    bounds.append((start, stop))
+    return bounds
+
+
+def bfloat16_bits(values):
+    """Return ``values`` rounded to bfloat16 (nearest, ties to even) as uint16 upper halves of float32."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    tie_to_even = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
+
+
+def bfloat16_values(bits):
+    """Return the float32 numbers of bfloat16 ``bits`` (uint16 upper halves; low 16 bits zero)."""
+    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _bfloat16_sum(incoming, partial, datatype):
+    """MPI user op: ``partial = bf16(float32(incoming) + float32(partial))`` on uint16 words."""
+    incoming = np.frombuffer(incoming, dtype=np.uint16)
+    partial = np.frombuffer(partial, dtype=np.uint16)
+    partial[:] = bfloat16_bits(bfloat16_values(incoming) + bfloat16_values(partial))
+
+
+_USER_OPS = {}
+
+
+def _bfloat16_sum_op():
+    """The MPI op of `_bfloat16_sum`, created once per process."""
+    if "bfloat16" not in _USER_OPS:
+        _USER_OPS["bfloat16"] = MPI.Op.Create(_bfloat16_sum, commute=True)
+    return _USER_OPS["bfloat16"]
+
+
+# precision -> (pack to 16-bit words, unpack to float32, dtype of the words, MPI op on the words)
+_SIXTEEN_BIT = {
+    "float16": (lambda x: np.asarray(x, dtype=np.float16), lambda w: w.astype(np.float32), np.float16,
+                lambda: MPI.SUM),
+    "bfloat16": (bfloat16_bits, bfloat16_values, np.uint16, _bfloat16_sum_op),
+}
+
+
+class WireFormat:
+    """How a bucket's gradients are encoded before the allreduce and decoded after it.
+
+    ``full``: the gradients are reduced in place (no encoding). ``native`` 16-bit:
+    16-bit words with their own MPI op. Otherwise (hand-written algorithms) the
+    gradients are rounded to the 16-bit format in their own dtype before and after.
+    """
+
+    def __init__(self, precision, native, grad_dtype):
+        self.full = precision == "full"
+        self.dtype, self.op = grad_dtype, MPI.SUM
+        if self.full:
+            return
+        pack, unpack, words, make_op = _SIXTEEN_BIT[precision]
+        if native:
+            self.dtype, self.op = np.dtype(words), make_op()
+            self.encode, self.decode = pack, unpack
+        else:
+            self.encode = self.decode = lambda values: unpack(pack(values))

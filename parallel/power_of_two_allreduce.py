@@ -1,0 +1,125 @@
+"""Allreduce on ``p' = 2**floor(log2 p)`` virtual ranks: recursive doubling and Rabenseifner.
+
+Both pair ranks whose virtual ranks differ in one bit, so they need a power-of-two
+rank count; other counts fold the surplus ranks in first (`_PowerOfTwoFold`,
+MPICH's scheme) and hand them the result at the end. Conventions and cost
+notation as in `parallel.collective_base`.
+"""
+import numpy as np
+
+from kernels.distribution import block_offsets
+from parallel.collective_base import COLLECTIVE_TAG, allreduce_operands, exchange, exchange_and_reduce
+
+
+class _PowerOfTwoFold:
+    """Fold ``p`` ranks onto ``p' = 2**floor(log2 p)`` virtual ranks (MPICH's scheme).
+
+    Of the first ``2 (p - p')`` ranks, each even one sends its whole ``work`` to the
+    odd one above it, which reduces it and stands for both; the even ones wait in
+    `unfold` for the result. Other ranks keep going as virtual rank ``rank - (p - p')``.
+    """
+
+    def __init__(self, comm, work, scratch, ufunc):
+        self.comm, self.scratch, self.ufunc = comm, scratch, ufunc
+        self.size = 1 << (comm.size.bit_length() - 1)
+        self.extra = comm.size - self.size
+        rank = comm.rank
+        self.rank = None
+        if rank < 2 * self.extra:
+            if rank % 2 == 0:
+                comm.Send(work, dest=rank + 1, tag=COLLECTIVE_TAG)
+                return
+            comm.Recv(scratch, source=rank - 1, tag=COLLECTIVE_TAG)
+            ufunc(work, scratch, out=work)
+            self.rank = rank // 2
+        else:
+            self.rank = rank - self.extra
+
+    @classmethod
+    def start(cls, comm, sendbuf, recvbuf, op):
+        """Validate an allreduce, copy its input into ``recvbuf`` and fold; None when nothing is to reduce.
+
+        The fold gets a scratch vector as long as ``recvbuf`` for incoming data.
+        """
+        ufunc = allreduce_operands(sendbuf, recvbuf, op)[1]
+        if recvbuf.size == 0 or comm.size == 1:
+            return None
+        return cls(comm, recvbuf, np.empty_like(recvbuf), ufunc)
+
+    def real_rank(self, virtual_rank):
+        """Rank in ``comm`` of a virtual rank."""
+        return 2 * virtual_rank + 1 if virtual_rank < self.extra else virtual_rank + self.extra
+
+    def unfold(self, work):
+        """Hand the finished ``work`` back to the ranks folded away."""
+        rank = self.comm.rank
+        if rank < 2 * self.extra:
+            if rank % 2:
+                self.comm.Send(work, dest=rank - 1, tag=COLLECTIVE_TAG)
+            else:
+                self.comm.Recv(work, source=rank + 1, tag=COLLECTIVE_TAG)
+
+
+def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
+    """Allreduce by recursive doubling: ``log2 p'`` full-vector exchanges.
+
+    Parameters and return value as `parallel.ring_collectives.allreduce_ring`.
+
+    Notes
+    -----
+    For ``p`` not a power of two the first ``2 (p - p')`` ranks fold pairwise first
+    and get the result back at the end (`_PowerOfTwoFold`). Cost per rank:
+    ``log2 p' (alpha + n beta + n gamma)``; folding adds ``2 (alpha + n beta) + n gamma``
+    to the critical path. Latency-optimal; best for small vectors.
+    """
+    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
+    if fold is None:
+        return recvbuf
+    if fold.rank is not None:
+        distance = 1
+        while distance < fold.size:
+            partner = fold.real_rank(fold.rank ^ distance)
+            exchange_and_reduce(comm, recvbuf, partner, fold.scratch, partner, recvbuf, fold.ufunc)
+            distance <<= 1
+    fold.unfold(recvbuf)
+    return recvbuf
+
+
+def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
+    """Allreduce by recursive-halving reduce-scatter and recursive-doubling allgather.
+
+    Parameters and return value as `parallel.ring_collectives.allreduce_ring`.
+
+    Notes
+    -----
+    The vector is split into ``p'`` blocks (`block_range`; some are empty when
+    ``n < p'``). At distance ``d = p'/2, ..., 1`` each virtual rank keeps the group of
+    ``d`` blocks holding its own block and sends its partner the other group; the
+    allgather retraces the steps with ``d = 1, ..., p'/2``. Extra ranks fold as in
+    `allreduce_recursive_doubling`. Cost per rank:
+    ``2 log2 p' alpha + 2 (p'-1)/p' n beta + (p'-1)/p' n gamma``; folding adds
+    ``2 (alpha + n beta) + n gamma`` to the critical path.
+    """
+    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
+    if fold is None:
+        return recvbuf
+    if fold.rank is not None:
+        bounds = block_offsets(recvbuf.size, fold.size) + [recvbuf.size]
+
+        def group(virtual_rank, distance):
+            first = virtual_rank // distance * distance
+            return slice(bounds[first], bounds[first + distance])
+
+        distances = [1 << k for k in range(fold.size.bit_length() - 1)]
+        for distance in reversed(distances):
+            partner = fold.rank ^ distance
+            mine, theirs = group(fold.rank, distance), group(partner, distance)
+            real = fold.real_rank(partner)
+            incoming = fold.scratch[: mine.stop - mine.start]
+            exchange_and_reduce(comm, recvbuf[theirs], real, incoming, real, recvbuf[mine], fold.ufunc)
+        for distance in distances:
+            partner = fold.rank ^ distance
+            real = fold.real_rank(partner)
+            exchange(comm, recvbuf[group(fold.rank, distance)], real, recvbuf[group(partner, distance)], real)
+    fold.unfold(recvbuf)
+    return recvbuf
