@@ -81,6 +81,9 @@ class Pipeline(GradientStep):
         The stage's `stage_schedule`.
     timeline : dict of str to float
         ``compute``, ``send``, ``wait``, ``allreduce`` and ``step`` seconds of the last step.
+    action_seconds : list of float
+        Compute seconds of each action of `actions` in the last step (for
+        `parallel.pipeline_schedule.replay`).
     peak_in_flight : int
         Most micro-batches with saved activations at once (during the last step).
     peak_activation_bytes : int
@@ -109,7 +112,7 @@ class Pipeline(GradientStep):
                                                              self.input_shape, self.dtype)
         self._gradients_in = None if self.last else Inbox(comm, self.stage + 1, _BACKWARD_TAG,
                                                           self.output_shape, self.dtype)
-        self.timeline = {}
+        self.timeline, self.action_seconds = {}, []
         self.peak_in_flight = self.peak_activation_bytes = 0
 
     def parameters(self):
@@ -147,6 +150,7 @@ class Pipeline(GradientStep):
                 inbox.open(rows, m)
         self._loss = 0.0
         self.timeline = dict.fromkeys(("compute", "send", "wait", "allreduce"), 0.0)
+        self.action_seconds = []
         self.peak_in_flight = self.peak_activation_bytes = 0
         self._grad_sum.fill(0)
         start = MPI.Wtime()
@@ -186,6 +190,12 @@ class Pipeline(GradientStep):
         self.timeline[kind] += MPI.Wtime() - start
         return result
 
+    def _computed(self, start):
+        """Count the seconds since ``start`` as the compute of one action."""
+        seconds = MPI.Wtime() - start
+        self.timeline["compute"] += seconds
+        self.action_seconds.append(seconds)
+
     def _send(self, array, dest, tag):
         buffer = np.ascontiguousarray(array, dtype=self.dtype)
         self._sends.append(self._timed("send", self.comm.Isend, buffer, dest, tag))
@@ -204,7 +214,7 @@ class Pipeline(GradientStep):
             value, self._output_grads[index] = self.loss(outputs, y[part], divisor)
             self._loss += value
             self._saved_bytes[index] += self._output_grads[index].nbytes
-        self.timeline["compute"] += MPI.Wtime() - start
+        self._computed(start)
         self.peak_in_flight = max(self.peak_in_flight, len(self._saved))
         self.peak_activation_bytes = max(self.peak_activation_bytes, sum(self._saved_bytes.values()))
         if not self.last:
@@ -222,7 +232,7 @@ class Pipeline(GradientStep):
             grad = layer.backward(grad)
         for view, (_, layer_grad) in zip(self._grad_views, self._pairs):
             view += layer_grad
-        self.timeline["compute"] += MPI.Wtime() - start
+        self._computed(start)
         if not self.last:
             self._gradients_in.give_back(reusable(received, grad))
         if not self.first:

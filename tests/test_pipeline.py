@@ -11,7 +11,7 @@ from parallel.models import forward_backward, mlp
 from parallel.optim import SGD
 from parallel.pipeline import Pipeline
 from parallel.pipeline_schedule import (BACKWARD, FORWARD, SCHEDULES, bubble_fraction, idle_fraction,
-                                        layer_parameter_count, partition, stage_schedule, theoretical_bubble)
+                                        layer_parameter_count, partition, replay, stage_schedule, theoretical_bubble)
 
 SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages
 BATCH = 12
@@ -19,32 +19,10 @@ WIDE = 300  # 16 rows x 300 float64 = 38 KB per message
 
 
 def simulate(name, stages, micro_batches, durations=None):
-    """Finish time of every stage when each action of stage ``s`` takes ``durations[s]`` (default one
-    time unit) and messages are free.
-
-    Stages run their schedules in order; an action starts once its input exists
-    (forward: the previous stage's forward; backward: the next stage's backward).
-    Returns None if the schedules deadlock.
-    """
-    queues = [stage_schedule(name, stages, stage, micro_batches) for stage in range(stages)]
-    finished, clocks = {}, [0] * stages
-    moved = True
-    while moved:
-        moved = False
-        for stage, queue in enumerate(queues):
-            while queue:
-                kind, index = queue[0]
-                source = stage - 1 if kind == FORWARD else stage + 1
-                needed = (kind, index, source) if 0 <= source < stages else (FORWARD, index, stage)
-                if kind == FORWARD and stage == 0:
-                    needed = None
-                if needed is not None and needed not in finished:
-                    break
-                start = max(clocks[stage], finished[needed] if needed else 0)
-                clocks[stage] = finished[(kind, index, stage)] = start + (durations or [1] * stages)[stage]
-                queue.pop(0)
-                moved = True
-    return None if any(queues) else clocks
+    """`replay` of the schedule when each action of stage ``s`` takes ``durations[s]`` (default 1)."""
+    schedules = [stage_schedule(name, stages, stage, micro_batches) for stage in range(stages)]
+    return replay(schedules, [[(durations or [1] * stages)[stage]] * len(schedule)
+                              for stage, schedule in enumerate(schedules)])
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -58,7 +36,6 @@ def test_schedules_run_each_micro_batch_once_without_deadlock_and_reach_the_idea
             expected = micro_batches if name == "gpipe" else min(stages - stage, micro_batches)
             assert in_flight.max() == expected
         clocks = simulate(name, stages, micro_batches)
-        assert clocks is not None
         for share in (bubble_fraction, idle_fraction):
             assert share([2 * micro_batches] * stages, clocks) == pytest.approx(theoretical_bubble(stages, micro_batches))
 
@@ -75,6 +52,15 @@ def test_a_slow_stage_adds_idle_time_to_the_others_but_not_to_the_bubble(name):
         assert bubble <= theoretical_bubble(stages, micro_batches) + 1e-12
         assert idle == pytest.approx(bubble + (max(compute) - np.mean(compute)) / max(clocks))
         assert idle > theoretical_bubble(stages, micro_batches)
+
+
+def test_replay_follows_the_messages_and_refuses_schedules_that_deadlock():
+    one_f_one_b = [stage_schedule("1f1b", 2, stage, 2) for stage in range(2)]
+    # Stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1. Stage 1: F0 1-2 (after stage 0's F0), B0 2-4,
+    # F1 4-5, B1 5-7. Stage 0: F0 0-1, F1 1-2, B0 4-7 (after stage 1's B0), B1 7-10.
+    assert replay(one_f_one_b, [[1, 1, 3, 3], [1, 2, 1, 2]]) == [10, 7]
+    with pytest.raises(ValueError, match="deadlock"):
+        replay([[(BACKWARD, 0), (FORWARD, 0)], [(FORWARD, 0), (BACKWARD, 0)]], [[1, 1], [1, 1]])
 
 
 def test_one_f_one_b_warms_up_with_p_minus_s_minus_1_forwards():
@@ -183,6 +169,8 @@ def test_activations_in_flight_and_timeline(comm, name):
     parts = timeline["compute"] + timeline["send"] + timeline["wait"] + timeline["allreduce"]
     assert all_ranks(comm, 0 < parts <= timeline["step"] and timeline["allreduce"] == 0)
     assert all_ranks(comm, timeline["wait"] == 0 or stages > 1)
+    seconds = pipeline.action_seconds
+    assert all_ranks(comm, len(seconds) == len(pipeline.actions) and 0 < sum(seconds) <= timeline["compute"])
 
 
 @pytest.mark.mpi(min_size=1)

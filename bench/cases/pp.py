@@ -18,10 +18,14 @@ Settings from environment variables (or ``--set PP_WIDTH=...``):
 Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
 ``1 - max_r compute_r / max_r step_r`` (idle share of the busiest stage: the
 schedule's fill and drain) of each run, median over the point's runs; params:
-``theoretical_bubble`` ``(p - 1) / (m + p - 1)``, ``idle_fraction`` ``1 - sum_r
-compute_r / (p max_r step_r)`` (all stages: the bubble plus what unequal stages
-cost) and ``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the
-mean seconds per step, the settings, ``stage_layers`` (layers per stage),
+``theoretical_bubble`` ``(p - 1) / (m + p - 1)``, ``replayed_bubble`` (the bubble
+of the same schedule replayed with each action's measured compute seconds and free
+messages, median over the runs: its gap to ``bubble`` is what messages and
+overheads add on the critical path; its gap to the theory, what unequal and
+varying stage times add), ``idle_fraction`` ``1 - sum_r compute_r / (p max_r
+step_r)`` (all stages: the bubble plus what unequal stages cost) and
+``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the mean
+seconds per step, the settings, ``stage_layers`` (layers per stage),
 ``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
 activations are held at once, and their bytes; most over the timed runs), and per rank the mean seconds per
 step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline`).
@@ -46,7 +50,7 @@ from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage, flatten_arrays, forward_backward, mlp
 from parallel.optim import SGD
 from parallel import pipeline
-from parallel.pipeline_schedule import (BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition,
+from parallel.pipeline_schedule import (BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, replay,
                                         theoretical_bubble)
 
 SEED = 2024
@@ -120,6 +124,17 @@ class Timeline:
                   for i in range(self.steps)]
         return float(np.median(shares)) if shares else math.nan
 
+    def replayed_bubble(self, comm, schedule):
+        """Median over the runs of the bubble of `replay`: every stage's measured action seconds
+        (``actions`` of each run) and free messages; ``schedule`` is this rank's (collective)."""
+        every = comm.allgather((schedule, [run["actions"] for run in self.runs]))
+        schedules = [actions for actions, _ in every]
+        shares = []
+        for index in range(self.steps):
+            seconds = [runs[index] for _, runs in every]
+            shares.append(bubble_fraction([sum(stage) for stage in seconds], replay(schedules, seconds)))
+        return float(np.median(shares)) if shares else math.nan
+
 
 def restore(pairs, initial):
     """Copy the arrays ``initial`` back into the parameters of ``pairs``."""
@@ -157,8 +172,8 @@ class Pipeline(Case):
                  "training step; settings MLSCALE_PP_MICROBATCHES, _WIDTH, _LAYERS, _BALANCE (bench/cases/pp.py)")
     default_sizes = "64:512"
     metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
-                    "theoretical_bubble, idle_fraction (all stages), stage_imbalance, peak_in_flight and "
-                    "peak_activation_mib per stage, compute_s / send_s / wait_s / step_s per rank")
+                    "theoretical_bubble, replayed_bubble (free messages), idle_fraction (all stages), stage_imbalance, "
+                    "peak_in_flight and peak_activation_mib per stage, compute_s / send_s / wait_s / step_s per rank")
     dtypes = ("float32", "float64")
 
     def __init__(self):
@@ -197,7 +212,7 @@ class Pipeline(Case):
         state.pipeline.train_step(state.optimizer, *state.data)
         stage = state.pipeline
         state.timeline.add(stage.timeline, peak_in_flight=stage.peak_in_flight,
-                           peak_activation_bytes=stage.peak_activation_bytes)
+                           peak_activation_bytes=stage.peak_activation_bytes, actions=list(stage.action_seconds))
 
     def check(self, state):
         stage = state.pipeline
@@ -234,4 +249,5 @@ class Pipeline(Case):
                 "wait_s": [round(value, 6) for value in columns[4]],
                 "step_s": [round(value, 6) for value in steps], "steps": timeline.steps,
                 "idle_fraction": round(idle_fraction(compute, steps), 4),
+                "replayed_bubble": round(timeline.replayed_bubble(state.comm, state.pipeline.actions), 4),
                 "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
