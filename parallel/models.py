@@ -31,6 +31,14 @@ def mlp(sizes, seed=0, dtype=np.float32):
     return Sequential(layers[:-1])
 
 
+def mnist_mlp(seed=0, dtype=np.float32, inputs=784):
+    """Return the MLP that the data-parallel and parameter-server suites train: ``inputs``-256-128-10.
+
+    ``inputs`` is 784 for flat MNIST images (64 for the 8x8 digits).
+    """
+    return mlp((inputs, 256, 128, 10), seed, dtype)
+
+
 def mnist_cnn(seed=0, dtype=np.float32):
     """Return the classic small MNIST CNN for ``(n, 1, 28, 28)`` inputs and 10 logits.
 

@@ -5,8 +5,8 @@ import pytest
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
 from parallel.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential, softmax_cross_entropy
-from parallel.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, train_step,
-                             unflatten_vector)
+from parallel.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, mnist_mlp,
+                             train_step, unflatten_vector)
 from parallel.optim import SGD
 
 
@@ -35,6 +35,12 @@ def test_mlp_structure_and_bad_sizes():
     assert model.forward(np.ones((2, 4))).shape == (2, 3)
     with pytest.raises(InputError):
         mlp([4])
+
+
+def test_the_suites_mnist_mlp_is_784_256_128_10():
+    shapes = [param.shape for param, _ in mnist_mlp(seed=0).parameters()]
+    assert shapes == [(784, 256), (256,), (256, 128), (128,), (128, 10), (10,)]
+    assert mnist_mlp(seed=0, inputs=64).forward(np.ones((3, 64), np.float32)).shape == (3, 10)
 
 
 def test_flatten_and_unflatten_round_trip():

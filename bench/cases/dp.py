@@ -55,12 +55,11 @@ from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.data_parallel import DataParallelTrainer
 from parallel.gradient_wire import PRECISIONS
 from parallel.layers import softmax_cross_entropy
-from parallel.models import accuracy, mlp, mnist_cnn, train_step
+from parallel.models import accuracy, mnist_cnn, mnist_mlp, train_step
 from parallel.optim import SGD
 
 SEED = 2024
 LEARNING_RATE, MOMENTUM = 0.01, 0.9
-HIDDEN = (256, 128)
 OVERLAP_BUCKET_BYTES = 64 << 10
 MODELS = ("mlp", "cnn")
 DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
@@ -84,7 +83,7 @@ def _split_data(dataset, flat, dtype):
 
 
 def _build_model(name, inputs, dtype):
-    return mnist_cnn(SEED, dtype) if name == "cnn" else mlp((inputs,) + HIDDEN + (10,), SEED, dtype)
+    return mnist_cnn(SEED, dtype) if name == "cnn" else mnist_mlp(SEED, dtype, inputs)
 
 
 def read_settings(variant):

@@ -5,7 +5,8 @@ other W ranks workers. Set with environment variables:
 
 - ``MLSCALE_PS_SERVERS``: number of server ranks S (default 1; at most ranks - 1).
 - ``MLSCALE_PS_STALENESS``: the bound s of variant ``ssp`` (default 2).
-- ``MLSCALE_PS_MODEL``: ``mlp`` (784-128-10 on flat images, the default) or ``cnn``
+- ``MLSCALE_PS_MODEL``: ``mlp`` (784-256-128-10 on flat images, the default: the
+  MLP of suite ``dp``, `parallel.models.mnist_mlp`) or ``cnn``
   (`parallel.models.mnist_cnn`, much slower per sample).
 
 Size is the global batch in samples (at least W). Global batch t is rows
@@ -40,12 +41,12 @@ from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.layers import softmax_cross_entropy
-from parallel.models import flat_storage, forward_backward, mlp, mnist_cnn
+from parallel.models import flat_storage, forward_backward, mnist_cnn, mnist_mlp
 from parallel.optim import SGD
 from parallel import param_server
 
 LEARNING_RATE = 0.05
-MODELS = {"mlp": lambda dtype: mlp([784, 128, 10], seed=0, dtype=dtype),
+MODELS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),
           "cnn": lambda dtype: mnist_cnn(seed=0, dtype=dtype)}
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
 
