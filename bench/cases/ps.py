@@ -97,6 +97,7 @@ class ParameterServer(Case):
     default_sizes = "64:1024"
     metrics_help = ("items_per_s = samples/s; metric comm_share (sync) or max_staleness (async, ssp); "
                     "env MLSCALE_PS_SERVERS, MLSCALE_PS_STALENESS, MLSCALE_PS_MODEL=mlp|cnn")
+    dtypes = ("float32", "float64")  # float32 first, as in suite dp: their default rates compare
 
     def __init__(self):
         self.servers, self.staleness, self.model_name = settings()
