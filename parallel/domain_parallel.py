@@ -16,7 +16,8 @@ import numpy as np
 from kernels.errors import InputError
 from parallel.halo_conv import HaloConv2d
 from parallel.halo_exchange import DEFAULT_PACKING
-from parallel.layers import Conv2d, Flatten, Layer, MaxPool2d, ReLU, Sequential
+from parallel.conv_layers import Conv2d, MaxPool2d
+from parallel.layers import Flatten, Layer, ReLU, Sequential
 from parallel.tile_layout import TileLayout
 
 

@@ -8,7 +8,8 @@ model and one optimiser update over ``[(flat_params, flat_grads)]`` updates it.
 import numpy as np
 
 from kernels.errors import InputError
-from parallel.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential
+from parallel.conv_layers import Conv2d, MaxPool2d
+from parallel.layers import Flatten, Linear, ReLU, Sequential
 
 
 def mlp(sizes, seed=0, dtype=np.float32):

@@ -7,7 +7,8 @@ from kernels.datasets import load_digits, train_test_split
 from kernels.errors import InputError
 from parallel.data_parallel import ALLREDUCE_CHOICES, DataParallelTrainer, shard
 from parallel.gradient_wire import bfloat16_bits, bfloat16_values, bucket_bounds
-from parallel.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential, softmax_cross_entropy
+from parallel.conv_layers import Conv2d, MaxPool2d
+from parallel.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.models import accuracy, mlp, train_step
 from parallel.optim import SGD
 

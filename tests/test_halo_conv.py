@@ -10,7 +10,8 @@ from kernels.errors import InputError
 from parallel.domain_parallel import aligned_layout, domain_parallel_model
 from parallel.halo_conv import HaloConv2d, conv_padding
 from parallel.halo_exchange import PACKING_METHODS
-from parallel.layers import Conv2d, Linear, Sequential, softmax_cross_entropy
+from parallel.conv_layers import Conv2d
+from parallel.layers import Linear, Sequential, softmax_cross_entropy
 from parallel.models import mnist_cnn, train_step
 from parallel.optim import SGD
 from parallel.tile_layout import TileLayout

@@ -4,7 +4,8 @@ import pytest
 
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
-from parallel.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, Sequential, softmax_cross_entropy
+from parallel.conv_layers import Conv2d, MaxPool2d
+from parallel.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, mnist_mlp,
                              train_step, unflatten_vector)
 from parallel.optim import SGD

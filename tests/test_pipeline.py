@@ -36,8 +36,9 @@ def test_schedules_run_each_micro_batch_once_without_deadlock_and_reach_the_idea
             expected = micro_batches if name == "gpipe" else min(stages - stage, micro_batches)
             assert in_flight.max() == expected
         clocks = simulate(name, stages, micro_batches)
+        ideal = theoretical_bubble(stages, micro_batches)
         for share in (bubble_fraction, idle_fraction):
-            assert share([2 * micro_batches] * stages, clocks) == pytest.approx(theoretical_bubble(stages, micro_batches))
+            assert share([2 * micro_batches] * stages, clocks) == pytest.approx(ideal)
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

@@ -47,7 +47,7 @@ from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from parallel.halo_conv import HaloConv2d, conv_padding
 from parallel.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
-from parallel.layers import Conv2d
+from parallel.conv_layers import Conv2d
 from parallel.tile_layout import TileLayout
 
 SEED = 2024
