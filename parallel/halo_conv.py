@@ -1,6 +1,6 @@
 """Domain-parallel convolution: every feature map split in tiles over a 2D grid, halos exchanged.
 
-`HaloConv2d` runs a serial `parallel.layers.Conv2d` (sharing its parameter arrays)
+`HaloConv2d` runs a serial `parallel.conv_layers.Conv2d` (sharing its parameter arrays)
 on the tile of each rank: it copies the tile into a local buffer, fills the halos
 with `parallel.halo_exchange.HaloExchange`, and convolves the buffer by im2col and
 GEMM in chunks of rows (memory stays bounded whatever the tile). Backward computes
@@ -38,7 +38,7 @@ def conv_padding(mode, kernel_size):
 def patch_matrix(x, kernel, stride):
     """The patches of ``x`` ``(n, c, h, w)`` as the *columns* of a ``(c * kh * kw, n * ho * wo)`` matrix.
 
-    The transpose of `parallel.layers.im2col`'s layout: each row is one kernel
+    The transpose of `parallel.conv_layers.im2col`'s layout: each row is one kernel
     offset of one channel, copied with long contiguous inner loops (several times
     faster than im2col's ``kh * kw`` inner loop), and ``W.reshape(c_out, -1) @ cols``
     comes out channel-major, ready for NCHW.
@@ -79,7 +79,7 @@ class HaloConv2d(Layer):
 
     Parameters
     ----------
-    conv : parallel.layers.Conv2d
+    conv : parallel.conv_layers.Conv2d
         The serial layer: kernel, stride, padding (``2 * padding <= k - 1``) and the
         parameter and gradient arrays, which this layer shares.
     grid : kernels.distribution.ProcessGrid

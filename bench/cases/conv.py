@@ -28,7 +28,7 @@ bytes received by a rank in one forward exchange, overlap, packing, settings.
 Check: inputs and output gradients are a hash of the global element index, so any
 window can be rebuilt without the rest of the image. Each rank compares its
 output tile (and its input-gradient tile with backward) with the serial
-`parallel.layers.Conv2d` on the window around it: the whole tile for small
+`parallel.conv_layers.Conv2d` on the window around it: the whole tile for small
 images, else the (up to) 16 x 16 blocks at its four corners, which read every
 kind of halo. When the image has at most `FULL_CHECK_ELEMENTS` elements the serial
 convolution runs on the whole image and the weight and bias gradients (summed
