@@ -14,37 +14,40 @@ from parallel.collective_base import COLLECTIVE_TAG, allreduce_operands, exchang
 class _PowerOfTwoFold:
     """Fold ``p`` ranks onto ``p' = 2**floor(log2 p)`` virtual ranks (MPICH's scheme).
 
-    Of the first ``2 (p - p')`` ranks, each even one sends its whole ``work`` to the
-    odd one above it, which reduces it and stands for both; the even ones wait in
-    `unfold` for the result. Other ranks keep going as virtual rank ``rank - (p - p')``.
+    Of the first ``2 (p - p')`` ranks, each even one sends its whole input to the
+    odd one above it, which reduces both into ``recvbuf`` and stands for both; the
+    even ones wait in `unfold` for the result. Other ranks keep going as virtual
+    rank ``rank - (p - p')``. ``data`` is where this rank's contribution now is:
+    ``recvbuf`` after a fold, else the input itself. Out of place the input is not
+    copied: the algorithms' first step reads ``data`` and writes ``recvbuf``.
     """
 
-    def __init__(self, comm, work, scratch, ufunc):
+    def __init__(self, comm, source, recvbuf, scratch, ufunc):
         self.comm, self.scratch, self.ufunc = comm, scratch, ufunc
         self.size = 1 << (comm.size.bit_length() - 1)
         self.extra = comm.size - self.size
         rank = comm.rank
-        self.rank = None
+        self.rank, self.data = None, source
         if rank < 2 * self.extra:
             if rank % 2 == 0:
-                comm.Send(work, dest=rank + 1, tag=COLLECTIVE_TAG)
+                comm.Send(source, dest=rank + 1, tag=COLLECTIVE_TAG)
                 return
             comm.Recv(scratch, source=rank - 1, tag=COLLECTIVE_TAG)
-            ufunc(work, scratch, out=work)
-            self.rank = rank // 2
+            ufunc(source, scratch, out=recvbuf)
+            self.rank, self.data = rank // 2, recvbuf
         else:
             self.rank = rank - self.extra
 
     @classmethod
     def start(cls, comm, sendbuf, recvbuf, op):
-        """Validate an allreduce, copy its input into ``recvbuf`` and fold; None when nothing is to reduce.
+        """Validate an allreduce and fold; None when nothing is to reduce (one rank: input copied).
 
         The fold gets a scratch vector as long as ``recvbuf`` for incoming data.
         """
-        ufunc = allreduce_operands(sendbuf, recvbuf, op)[1]
+        source, ufunc = allreduce_operands(sendbuf, recvbuf, op, copy_input=comm.size == 1)
         if recvbuf.size == 0 or comm.size == 1:
             return None
-        return cls(comm, recvbuf, np.empty_like(recvbuf), ufunc)
+        return cls(comm, source, recvbuf, np.empty_like(recvbuf), ufunc)
 
     def real_rank(self, virtual_rank):
         """Rank in ``comm`` of a virtual rank."""
@@ -76,11 +79,11 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     if fold is None:
         return recvbuf
     if fold.rank is not None:
-        distance = 1
+        data, distance = fold.data, 1
         while distance < fold.size:
             partner = fold.real_rank(fold.rank ^ distance)
-            exchange_and_reduce(comm, recvbuf, partner, fold.scratch, partner, recvbuf, fold.ufunc)
-            distance <<= 1
+            exchange_and_reduce(comm, data, partner, fold.scratch, partner, data, fold.ufunc, out=recvbuf)
+            data, distance = recvbuf, distance << 1
     fold.unfold(recvbuf)
     return recvbuf
 
@@ -110,13 +113,14 @@ def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
             first = virtual_rank // distance * distance
             return slice(bounds[first], bounds[first + distance])
 
-        distances = [1 << k for k in range(fold.size.bit_length() - 1)]
+        distances, data = [1 << k for k in range(fold.size.bit_length() - 1)], fold.data
         for distance in reversed(distances):
             partner = fold.rank ^ distance
             mine, theirs = group(fold.rank, distance), group(partner, distance)
             real = fold.real_rank(partner)
             incoming = fold.scratch[: mine.stop - mine.start]
-            exchange_and_reduce(comm, recvbuf[theirs], real, incoming, real, recvbuf[mine], fold.ufunc)
+            exchange_and_reduce(comm, data[theirs], real, incoming, real, data[mine], fold.ufunc, out=recvbuf[mine])
+            data = recvbuf
         for distance in distances:
             partner = fold.rank ^ distance
             real = fold.real_rank(partner)
