@@ -118,7 +118,8 @@ def _parse(path, text):
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
-        raise InputError(f"{path}: not an mlscale results file of schema {SCHEMA_VERSION} (missing column {missing[0]!r})")
+        raise InputError(f"{path}: not an mlscale results file of schema {SCHEMA_VERSION} "
+                         f"(missing column {missing[0]!r})")
     try:
         return [(reader.line_num, row) for row in reader]
     except csv.Error as error:
@@ -157,6 +158,9 @@ class ResultsFile:
         try:
             self._lock()
             self.done = self._resume()
+        except OSError as error:
+            self.close()
+            raise InputError(f"cannot read results from {path}: {error.strerror}") from None
         except BaseException:
             self.close()
             raise

@@ -255,3 +255,12 @@ def test_a_full_file_system_stops_every_rank_with_one_line_and_whole_rows(tmp_pa
     assert err.strip().startswith(f"mlscale: error: cannot write results to {path}: File too large")
     assert len(err.strip().splitlines()) == 1
     assert path.read_bytes() == before
+
+
+def test_a_file_that_cannot_be_read_back_is_one_line_naming_it(tmp_path, monkeypatch):
+    def broken(fd, count):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(bench.csvio.os, "read", broken)
+    with pytest.raises(InputError, match=f"cannot read results from {tmp_path / 'r.csv'}: Input/output error"):
+        ResultsFile(str(tmp_path / "r.csv"))
