@@ -1,13 +1,22 @@
-"""The results CSV: a fixed header, one row per measured point, resumable.
+"""The results CSV: a fixed header, one row per measured point, resumable, one writer at a time.
 
-Only rank 0 touches the file. Each row is written with one ``write`` and flushed
-as soon as its point is measured, so an interrupted sweep leaves whole rows only;
-re-running the same command skips the points already in the file.
+Only rank 0 touches the file, and only one run at a time: `ResultsFile` holds an
+exclusive ``flock`` on it from open to close, so a second run on the same file
+stops with one line instead of measuring every point again (or writing a second
+header). Each row is written whole with ``os.write`` as soon as its point is
+measured; a write that fails (a full disk) is cut back to the previous size, so
+the file always ends on a complete row. A row cut by a crash is found on the next
+open, removed after a one-line warning, and its point measured again. Rows that do
+not fit the schema (`row_problem`) are neither counted as done nor reported.
 """
 import csv
+import errno
+import fcntl
 import io
 import json
+import math
 import os
+import sys
 
 from kernels.errors import InputError
 
@@ -24,57 +33,214 @@ COLUMNS = (
 KEY_COLUMNS = ("suite", "benchmark", "variant", "backend", "dtype", "ranks", "threads", "scaling", "size",
                "settings")
 
+_TEXT = ("suite", "benchmark", "variant", "backend", "dtype", "settings")
+_TIMES = ("t_min_s", "t_med_s", "t_max_s")
+_RATES = ("gflops", "algbw_gbs", "busbw_gbs", "items_per_s", "metric_value")
+_COUNTS = (("ranks", 1), ("threads", 1), ("size", 0))
+_NO_LOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
 
 def point_key(row):
     """The identity of a point, as strings, from a row dict."""
     return tuple(str(row[column]) for column in KEY_COLUMNS)
 
 
+def row_problem(row):
+    """Why a row read from a results CSV is not a valid point of this schema, or None when it is.
+
+    Checks the field count, the schema version, the identity columns (non-empty,
+    whole ``ranks`` >= 1, ``threads`` >= 1, ``size`` >= 0, ``scaling`` strong or
+    weak), the times (finite, > 0), the rates (empty or finite) and ``wrong``
+    (empty or a whole number >= 0).
+    """
+    if None in row:
+        return "more fields than the header"
+    if any(value is None for value in row.values()):
+        return "fewer fields than the header (a cut row)"
+    if row["schema"] != str(SCHEMA_VERSION):
+        return f"schema {row['schema']!r}, not {SCHEMA_VERSION}"
+    for column in _TEXT:
+        if not row[column].strip():
+            return f"empty {column}"
+    if row["scaling"] not in ("strong", "weak"):
+        return f"scaling {row['scaling']!r}"
+    for column, minimum in _COUNTS:
+        if not _is_count(row[column], minimum):
+            return f"{column} {row[column]!r} is not a whole number >= {minimum}"
+    for column in _TIMES:
+        value = _number(row[column])
+        if value is None or not value > 0:
+            return f"{column} {row[column]!r} is not a time > 0"
+    for column in _RATES:
+        if row[column] and _number(row[column]) is None:
+            return f"{column} {row[column]!r} is not a number"
+    if row["wrong"] and not _is_count(row["wrong"], 0):
+        return f"wrong {row['wrong']!r} is not a whole number >= 0"
+    return None
+
+
+def _number(text):
+    """The finite float ``text`` names, else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _is_count(text, minimum):
+    return text.strip().isdigit() and int(text) >= minimum
+
+
 def read_rows(path):
-    """Return the rows of a results CSV as dicts; raise `InputError` when its header is not ours."""
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise InputError(f"{path}: not an mlscale results file of schema {SCHEMA_VERSION} (missing column {missing[0]!r})")
-        return list(reader)
+    """The rows of a results CSV as ``(line number, row dict)`` pairs, rows of any validity.
+
+    Raises `InputError` naming ``path`` when it cannot be read, is not UTF-8 text
+    or its header is not this schema's.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+    return _parse(path, _decode(path, data))
+
+
+def _decode(path, data):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): "
+                         "not an mlscale results file") from None
+
+
+def _parse(path, text):
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(f"{path}: not an mlscale results file of schema {SCHEMA_VERSION} "
+                         f"(missing column {missing[0]!r})")
+    try:
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as error:
+        raise InputError(f"{path} line {reader.line_num}: not a CSV row ({error})") from None
+
+
+def _csv_line(values):
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(values)
+    return buffer.getvalue()
+
+
+def _stderr_line(line):
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class ResultsFile:
-    """Append-only results CSV owned by one process (rank 0).
+    """Append-only results CSV owned by one process (rank 0) of one run; a context manager.
 
-    Opening checks that the path is writable and, when the file exists, that its
-    header is this schema's; `done` holds the keys of the points already measured.
+    Opening takes an exclusive, non-blocking lock on the file (held until `close`),
+    checks that the file is UTF-8 with this schema's header, removes a partial last
+    row after saying so through ``warn`` (one line; default: stderr), and writes the
+    header into a new file. `done` holds the keys of the valid points already in the
+    file. Every problem is an `InputError` naming the file.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, warn=_stderr_line):
         self.path = path
-        folder = os.path.dirname(os.path.abspath(path))
+        self._warn = warn
         try:
-            os.makedirs(folder, exist_ok=True)
-            exists = os.path.exists(path) and os.path.getsize(path) > 0
-            self.done = {point_key(row) for row in read_rows(path)} if exists else set()
-            self._handle = open(path, "a", newline="")
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
         except OSError as error:
             raise InputError(f"cannot write results to {path}: {error.strerror}") from None
-        if not exists:
-            self._write_line(COLUMNS)
+        try:
+            self._lock()
+            self.done = self._resume()
+        except OSError as error:
+            self.close()
+            raise InputError(f"cannot read results from {path}: {error.strerror}") from None
+        except BaseException:
+            self.close()
+            raise
 
-    def _write_line(self, values):
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerow(values)
-        self._handle.write(buffer.getvalue())
-        self._handle.flush()
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _lock(self):
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{self.path} is in use by another mlscale run (it holds the file's lock); "
+                             "wait for that run to end or choose another --csv") from None
+        except OSError as error:
+            if error.errno not in _NO_LOCK:
+                raise InputError(f"cannot lock {self.path}: {error.strerror}") from None
+            self._warn(f"mlscale: warning: cannot lock {self.path} ({error.strerror}): "
+                       "do not start a second run on this file until this one ends")
+
+    def _resume(self):
+        """Read the file under the lock: check it, cut a partial last row, write a new file's header."""
+        data = self._read_all()
+        complete = data.rfind(b"\n") + 1
+        header = _csv_line(COLUMNS).encode()
+        if complete == 0 and data and not header.startswith(data):
+            complete = len(data)  # one line, no newline, and not a cut header: let the header check refuse it
+        rows = _parse(self.path, _decode(self.path, data[:complete])) if complete else []
+        if complete < len(data):
+            self._warn(f"mlscale: warning: {self.path} ends in a row cut mid-write ({len(data) - complete} bytes "
+                       "without a newline); removing it, its point will be measured again")
+            self._truncate(complete)
+        if not complete:
+            self._write(header)
+        return {point_key(row) for _, row in rows if row_problem(row) is None}
+
+    def _read_all(self):
+        chunks = []
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        while True:
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+    def _truncate(self, size):
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as error:
+            raise InputError(f"cannot cut {self.path} back to its last complete row: {error.strerror}") from None
+
+    def _write(self, data):
+        """Append ``data`` (whole lines); on any error cut the file back to its size before and raise."""
+        size = os.fstat(self._fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                if not written:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+                view = view[written:]
+        except OSError as error:
+            self._truncate(size)
+            raise InputError(f"cannot write results to {self.path}: {error.strerror}; "
+                             "the file ends on its last complete row") from None
 
     def append(self, row):
-        """Write one point (a dict with every column) and flush it."""
+        """Write one point (a dict with every column) as one whole line."""
         row = dict(row, schema=SCHEMA_VERSION)
         row["params"] = json.dumps(row.get("params") or {}, sort_keys=True)
-        self._write_line([_format(row.get(column)) for column in COLUMNS])
+        self._write(_csv_line([_format(row.get(column)) for column in COLUMNS]).encode())
         self.done.add(point_key(row))
 
     def close(self):
-        self._handle.close()
+        """Release the lock and the file (again: nothing)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _format(value):

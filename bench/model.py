@@ -15,6 +15,7 @@ report --model calib.json`` puts the prediction beside each measurement and
 ``--project 64,256,1024`` extrapolates to rank counts this machine cannot run.
 """
 import json
+import math
 import socket
 from datetime import datetime, timezone
 
@@ -94,15 +95,26 @@ def _local_rates():
 
 
 def load_calibration(path):
-    """Read a calibration JSON written by `calibrate`; `InputError` when it is missing or incomplete."""
+    """Read a calibration JSON written by `calibrate`.
+
+    Raises `InputError` naming ``path`` when it cannot be read or parsed, is not a
+    JSON object, lacks one of `KEYS`, or holds a constant that is not a finite
+    number > 0.
+    """
     try:
-        with open(path) as handle:
+        with open(path, encoding="utf-8") as handle:
             calib = json.load(handle)
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read calibration {path}: {error}") from None
+    if not isinstance(calib, dict):
+        raise InputError(f"{path} is not an mlscale calibration (a JSON object); run mlscale calibrate")
     missing = [key for key in KEYS if key not in calib]
     if missing:
         raise InputError(f"{path} is not an mlscale calibration (missing {missing[0]!r}); run mlscale calibrate")
+    for key in KEYS:
+        value = calib[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     return calib
 
 

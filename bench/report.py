@@ -17,7 +17,7 @@ import csv
 import os
 from collections import defaultdict
 
-from bench.csvio import read_rows
+from bench.csvio import read_rows, row_problem
 from bench.registry import get_case
 from bench.units import format_size
 from kernels.errors import InputError
@@ -30,20 +30,30 @@ PROJECTION_COLUMNS = GROUP + ("ranks", "predicted_s")
 
 
 def load_results(paths):
-    """Rows of every CSV in ``paths``; a later row replaces an earlier one of the same point."""
-    latest, schemas = {}, set()
+    """Valid rows of every CSV in ``paths`` and a warning line (or None) counting the rows skipped.
+
+    A later row replaces an earlier one of the same point. A row that is not a
+    valid point (`bench.csvio.row_problem`: a cut row, NaN or non-positive time,
+    an empty field, another schema...) is skipped and enters no table or fit.
+    """
+    latest, skipped, total = {}, [], 0
     for path in paths:
         if not os.path.isfile(path):
             raise InputError(f"no such results file: {path}")
-        for row in read_rows(path):
-            schemas.add(row["schema"])
+        for line, row in read_rows(path):
+            total += 1
+            problem = row_problem(row)
+            if problem:
+                skipped.append(f"{path} line {line}: {problem}")
+                continue
             latest[tuple(row[c] for c in GROUP) + (row["ranks"],)] = row
-    if len(schemas) > 1:
-        raise InputError(f"mixed schema versions {', '.join(sorted(schemas))} in {', '.join(paths)}: "
-                         "report each version separately")
+    first = f" (first: {skipped[0]})" if skipped else ""
     if not latest:
-        raise InputError(f"no measured points in {', '.join(paths)}")
-    return list(latest.values())
+        raise InputError(f"no measured points in {', '.join(paths)}"
+                         + (f": all {total} rows are invalid{first}" if skipped else ""))
+    warning = (f"report: warning: skipped {len(skipped)} invalid row{'s' if len(skipped) > 1 else ''} of {total}"
+               f"{first}") if skipped else None
+    return list(latest.values()), warning
 
 
 class _Suites:
@@ -158,13 +168,37 @@ def projections(table, calib, rank_counts, suites=None):
 def write_report(paths, out_dir, calib=None, project=(), plots=True):
     """Write scaling.csv, fits.csv, summary.md (and projection.csv, PNG plots) into ``out_dir``.
 
-    Returns the lines to print.
+    Returns the lines to print (one warning line when invalid rows were skipped).
+    Raises `InputError` when ``out_dir`` is an existing file or cannot be written.
     """
-    rows = load_results(paths)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"--out {out_dir} is an existing file, not a folder")
+    rows, warning = load_results(paths)
     suites = _Suites()
     table = scaling_table(rows, calib, suites)
     fits = serial_fractions(table)
     projected = projections(table, calib, project, suites) if calib and project else []
+    try:
+        written, notes = _write_outputs(out_dir, table, fits, projected, calib, plots)
+    except OSError as error:
+        raise InputError(f"cannot write the report into {out_dir}: {error.strerror}"
+                         + (f" ({error.filename})" if error.filename else "")) from None
+    notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
+    if warning:
+        notes.insert(1, warning)
+    counts = sorted({entry["ranks"] for entry in table})
+    if len(counts) < 2:
+        notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
+    errors = [abs(e["model_error"]) for e in table if e["model_error"] is not None]
+    if errors:
+        errors.sort()
+        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
+                     f"max {errors[-1]:.0%} over {len(errors)} points")
+    return notes
+
+
+def _write_outputs(out_dir, table, fits, projected, calib, plots):
+    """Write the report's files; return their paths and notes (no plots without matplotlib)."""
     os.makedirs(out_dir, exist_ok=True)
     written = [_write_csv(out_dir, "scaling.csv", SCALING_COLUMNS, table),
                _write_csv(out_dir, "fits.csv", FIT_COLUMNS, fits)]
@@ -182,16 +216,7 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True):
             notes.append("report: no plots: matplotlib is missing (pip install 'mlscale[plot]')")
         else:
             written += plot_suites(table, out_dir)
-    notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
-    counts = sorted({entry["ranks"] for entry in table})
-    if len(counts) < 2:
-        notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
-    errors = [abs(e["model_error"]) for e in table if e["model_error"] is not None]
-    if errors:
-        errors.sort()
-        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
-                     f"max {errors[-1]:.0%} over {len(errors)} points")
-    return notes
+    return written, notes
 
 
 def _write_csv(out_dir, name, columns, entries):

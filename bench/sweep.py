@@ -178,9 +178,15 @@ def _measure_rank_count(sub, case, config, backend, results, library, variants, 
             if sub.rank == 0:
                 row.update(base, mpi_library=library, host=socket.gethostname(),
                            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-                results.append(row)
-                emit(row)
+            agree(sub, _record, results, row, emit)  # a failed write (rank 0) stops every rank
     return wrong_total
+
+
+def _record(results, row, emit):
+    """On rank 0 (the one holding ``results``): append the row, then show it."""
+    if results is not None:
+        results.append(row)
+        emit(row)
 
 
 def _measure_point(sub, case, config, backend, variant, size):

@@ -7,6 +7,7 @@ import pytest
 from bench.csvio import COLUMNS, SCHEMA_VERSION, ResultsFile
 from bench.report import scaling_table, serial_fractions, write_report
 from kernels.errors import InputError
+from tests.clitools import mlscale, rows_of
 
 CALIB = {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_byte": 5e-11,
          "memcpy_bytes_per_s": 8e9, "gemm_flops_per_s": 3e10}
@@ -72,21 +73,74 @@ def test_single_rank_count_is_said(tmp_path):
     assert any("only one rank count (2)" in line for line in lines)
 
 
-def test_missing_columns_and_mixed_schemas_are_refused(tmp_path):
+def test_missing_columns_are_refused(tmp_path):
     broken = tmp_path / "broken.csv"
     broken.write_text("suite,variant\nallreduce,mpi\n")
     with pytest.raises(InputError, match="missing column"):
         write_report([str(broken)], str(tmp_path / "out"))
-    first = write_points(tmp_path / "one.csv", [point("mpi", 1, 1e-3)])
-    rows = list(csv.DictReader(open(first)))
+
+
+def with_raw_lines(path, lines):
+    with open(path, "a") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    return path
+
+
+def bad_lines(path):
+    """One line of each kind of bad row, made from the last good row of ``path``."""
+    good = list(csv.reader(open(path)))[-1]
+    index = {column: i for i, column in enumerate(COLUMNS)}
+
+    def changed(column, value):
+        return ",".join(value if i == index[column] else cell for i, cell in enumerate(good))
+
+    return [changed("t_med_s", "nan"), changed("t_med_s", "0"), changed("t_med_s", "-1e-3"),
+            changed("variant", ""), ",".join(good[:9]), changed("schema", str(SCHEMA_VERSION + 1)),
+            changed("ranks", "two")]
+
+
+def test_bad_rows_are_skipped_with_one_warning_and_enter_no_fit(tmp_path):
+    clean = write_points(tmp_path / "clean.csv", amdahl_points("ring", 0.2))
+    write_report([clean], str(tmp_path / "clean"), plots=False)
+    dirty = write_points(tmp_path / "dirty.csv", amdahl_points("ring", 0.2))
+    lines = write_report([with_raw_lines(dirty, bad_lines(dirty))], str(tmp_path / "dirty"), plots=False)
+    warnings = [line for line in lines if "warning" in line]
+    assert warnings == [f"report: warning: skipped 7 invalid rows of 10 (first: {dirty} line 5: "
+                        "t_med_s 'nan' is not a time > 0)"]
+    for name in ("scaling.csv", "fits.csv"):
+        assert (tmp_path / "dirty" / name).read_text() == (tmp_path / "clean" / name).read_text()
+
+
+def test_a_file_of_bad_rows_only_is_refused_with_the_reason(tmp_path):
+    path = write_points(tmp_path / "a.csv", [point("mpi", 1, 1e-3)])
+    rows = list(csv.DictReader(open(path)))
     rows[0]["schema"] = str(SCHEMA_VERSION + 1)
     other = tmp_path / "two.csv"
     with open(other, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    with pytest.raises(InputError, match=f"mixed schema versions {SCHEMA_VERSION}, {SCHEMA_VERSION + 1}"):
-        write_report([first, str(other)], str(tmp_path / "out"))
+    with pytest.raises(InputError, match=f"no measured points in {other}: all 1 rows are invalid "
+                                         f".first: {other} line 2: schema '{SCHEMA_VERSION + 1}', not 2"):
+        write_report([str(other)], str(tmp_path / "out"))
+    lines = write_report([path, str(other)], str(tmp_path / "out"), plots=False)
+    assert "report: warning: skipped 1 invalid row of 2" in "\n".join(lines)
+
+
+def test_out_must_not_be_an_existing_file(tmp_path):
+    path = write_points(tmp_path / "a.csv", [point("mpi", 1, 1e-3)])
+    out = tmp_path / "taken"
+    out.write_text("mine")
+    with pytest.raises(InputError, match=f"--out {out} is an existing file"):
+        write_report([path], str(out))
+    assert out.read_text() == "mine"
+
+
+def test_a_non_utf8_csv_is_refused_naming_it(tmp_path):
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"suite,\xff\n")
+    with pytest.raises(InputError, match=f"{path} is not UTF-8 text"):
+        write_report([str(path)], str(tmp_path / "out"))
 
 
 def test_calibration_must_be_complete(tmp_path):
@@ -96,3 +150,55 @@ def test_calibration_must_be_complete(tmp_path):
     path.write_text(json.dumps({"alpha_s": 1e-6}))
     with pytest.raises(InputError, match="missing 'beta_s_per_byte'"):
         load_calibration(str(path))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, 2]", "not an mlscale calibration .a JSON object"),
+    ('"calib"', "not an mlscale calibration .a JSON object"),
+    ("42", "not an mlscale calibration .a JSON object"),
+    ("{", "cannot read calibration"),
+    (json.dumps(dict(CALIB, alpha_s=0)), "alpha_s must be a number > 0, got 0"),
+    (json.dumps(dict(CALIB, beta_s_per_byte=-1e-10)), "beta_s_per_byte must be a number > 0"),
+    (json.dumps(dict(CALIB, gamma_s_per_byte="fast")), 'gamma_s_per_byte must be a number > 0, got "fast"'),
+    (json.dumps(dict(CALIB, gemm_flops_per_s=True)), "gemm_flops_per_s must be a number > 0, got true"),
+    (json.dumps(dict(CALIB, memcpy_bytes_per_s=None)), "memcpy_bytes_per_s must be a number > 0, got null"),
+    (json.dumps(dict(CALIB, alpha_s=float("nan"))), "alpha_s must be a number > 0, got NaN"),
+])
+def test_a_malformed_calibration_is_refused_naming_it(tmp_path, content, message):
+    from bench.model import load_calibration
+
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=message) as error:
+        load_calibration(str(path))
+    assert str(path) in str(error.value)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+def test_report_command_skips_bad_rows_with_one_warning_line(tmp_path):
+    path = write_points(tmp_path / "a.csv", amdahl_points("ring", 0.2))
+    with_raw_lines(path, bad_lines(path))
+    status, out, err = mlscale("report", path, "--out", str(tmp_path / "out"), "--no-plots")
+    assert status == 0, err
+    assert [line for line in out.splitlines() if "warning" in line] == [
+        f"report: warning: skipped 7 invalid rows of 10 (first: {path} line 5: t_med_s 'nan' is not a time > 0)"]
+    assert len(rows_of(str(tmp_path / "out" / "scaling.csv"))) == 3
+
+
+@pytest.mark.parametrize("case", ["model-number", "model-zero", "out-is-a-file", "non-utf8-csv"])
+def test_report_command_bad_input_is_one_line_and_status_2(tmp_path, case):
+    path = write_points(tmp_path / "a.csv", amdahl_points("ring", 0.2))
+    args, named = [path, "--out", str(tmp_path / "out")], str(tmp_path / "c.json")
+    if case.startswith("model"):
+        (tmp_path / "c.json").write_text("42" if case == "model-number" else json.dumps(dict(CALIB, alpha_s=0)))
+        args += ["--model", named]
+    elif case == "out-is-a-file":
+        (tmp_path / "taken").write_text("x")
+        args, named = [path, "--out", str(tmp_path / "taken")], str(tmp_path / "taken")
+    else:
+        (tmp_path / "bad.csv").write_bytes(b"\xff\n")
+        args, named = [str(tmp_path / "bad.csv"), "--out", str(tmp_path / "out")], str(tmp_path / "bad.csv")
+    status, _, err = mlscale("report", *args)
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and named in err
