@@ -134,7 +134,7 @@ def partition_size(partition):
     if shutil.which("sinfo") is None:
         return None
     try:
-        done = subprocess.run(["sinfo", "--noheader", "--format=%P %D"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(["sinfo", "--noheader", "--format=%P %D"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
