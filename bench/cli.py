@@ -64,12 +64,14 @@ def command_list(args, out):
                 out(f"{name}: {error}")
                 continue
             out(f"{case.name}: variants {', '.join(case.variants)}")
-            out(textwrap.fill(case.description.split(". ")[0].rstrip(".") + ".", 100, initial_indent="    ",
-                              subsequent_indent="    "))
+            if case.description:
+                out(textwrap.fill(case.description.split(". ")[0].rstrip(".") + ".", 100, initial_indent="    ",
+                                  subsequent_indent="    "))
         return EXIT_OK
     case = case_class(args.suite)
     out(f"{case.name}: variants {', '.join(case.variants)}")
-    out(textwrap.fill(case.description, 100, initial_indent="    ", subsequent_indent="    "))
+    if case.description:
+        out(textwrap.fill(case.description, 100, initial_indent="    ", subsequent_indent="    "))
     out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
     out(f"    metrics: {case.metrics_help}")
     if not case.declared_settings:
