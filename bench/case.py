@@ -15,9 +15,11 @@ size the point runs (for weak scaling already grown with the rank count, see
 point's size, rank count and data type from it, so a case keeps no state itself.
 """
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
+from bench.settings import resolve
 from kernels.errors import InputError
 
 #: nccl-tests bus-bandwidth factors, from algorithm bandwidth to bus bandwidth.
@@ -74,6 +76,15 @@ class Case:
         Sizes swept when ``--sizes`` is not given.
     metrics_help : str
         Which metrics the suite reports, shown by ``mlscale list``.
+    description : str
+        One paragraph on what the suite measures and how, shown by ``mlscale list``
+        (its first sentence in the list of all suites).
+    declared_settings : tuple of bench.settings.Setting
+        The suite's settings (``MLSCALE_*`` / ``--set``), in the order ``mlscale list SUITE`` shows them.
+
+    A case receives the resolved settings when it is made: ``Case(settings)``, a
+    `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
+    without one, they are read from the ``MLSCALE_*`` environment variables.
     """
 
     name = ""
@@ -84,6 +95,11 @@ class Case:
     default_sizes = "8:1M"
     metrics_help = ""
     dtypes = ("float64", "float32")
+    description = ""
+    declared_settings = ()
+
+    def __init__(self, settings=None):
+        self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings
 
     def check_ranks(self, ranks, variant):
         """Raise `InputError` when ``variant`` cannot run on ``ranks`` ranks."""

@@ -8,9 +8,11 @@ MLSCALE_DEBUG=1 for the traceback).
 import argparse
 import os
 import sys
+import textwrap
 
 from bench.options import add_measure_options, make_config
-from bench.registry import SUITES, get_case
+from bench.registry import SUITES, case_class
+from bench.settings import canonical
 from bench.slurm import add_slurm_options, command_slurm
 from bench.units import parse_ranks
 from kernels.errors import InputError
@@ -53,17 +55,35 @@ def build_parser():
 
 
 def command_list(args, out):
-    names = [args.suite] if args.suite else list(SUITES)
-    for name in names:
-        case = get_case(name)
-        out(f"{case.name}: variants {', '.join(case.variants)}")
-        out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
-        out(f"    metrics: {case.metrics_help}")
-    if args.suite:
-        import inspect
-
-        out("")
-        out(inspect.getdoc(sys.modules[type(get_case(args.suite)).__module__]) or "")
+    """Every suite in two lines (variants, first sentence of its description), or one suite in full."""
+    if not args.suite:
+        for name in SUITES:
+            try:
+                case = case_class(name)
+            except InputError as error:
+                out(f"{name}: {error}")
+                continue
+            out(f"{case.name}: variants {', '.join(case.variants)}")
+            if case.description:
+                out(textwrap.fill(case.description.split(". ")[0].rstrip(".") + ".", 100, initial_indent="    ",
+                                  subsequent_indent="    "))
+        return EXIT_OK
+    case = case_class(args.suite)
+    out(f"{case.name}: variants {', '.join(case.variants)}")
+    if case.description:
+        out(textwrap.fill(case.description, 100, initial_indent="    ", subsequent_indent="    "))
+    out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
+    out(f"    metrics: {case.metrics_help}")
+    if not case.declared_settings:
+        out("    settings: none")
+        return EXIT_OK
+    out("    settings (MLSCALE_NAME=VALUE in the environment, or --set NAME=VALUE):")
+    rows = [(s.name, "derived" if s.default is None else canonical(s.default), s.describe_allowed(), s.help)
+            for s in case.declared_settings]
+    rows.insert(0, ("name", "default", "allowed", "what"))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        out("      " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     return EXIT_OK
 
 
@@ -75,7 +95,10 @@ def command_run(args, out, err):
 
     comm = MPI.COMM_WORLD
     say = out if comm.rank == 0 else (lambda line: None)
+    say_error = err if comm.rank == 0 else (lambda line: None)
     case, config = make_config(args, comm.size)
+    for warning in case.settings.warnings:
+        say_error(f"mlscale: warning: {warning}")
     rows = []
 
     def emit(row):

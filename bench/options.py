@@ -2,8 +2,8 @@
 import os
 
 from bench.case import parse_variants
-from bench.registry import get_case
-from bench.settings import apply_overrides
+from bench.registry import case_class
+from bench.settings import resolve
 from bench.units import parse_ranks, parse_sizes
 from kernels.backend import BACKENDS
 from kernels.errors import InputError
@@ -26,15 +26,20 @@ def add_measure_options(parser):
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip validation against the serial reference")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a suite setting, exported as MLSCALE_NAME (see `mlscale list SUITE`); repeatable")
+                        help="a setting of the suite, as MLSCALE_NAME=VALUE would give it (see `mlscale list SUITE`); "
+                             "repeatable")
 
 
 def make_config(args, job_size):
-    """Validate the measuring options against the suite and the job size; return a SweepConfig."""
+    """Validate the measuring options against the suite and the job size; return ``(case, SweepConfig)``.
+
+    The case gets the suite's settings from ``--set`` and the ``MLSCALE_*`` variables
+    (`bench.settings.resolve`); its ``settings.warnings`` are for the caller to print.
+    """
     from bench.sweep import SweepConfig
 
-    apply_overrides(args.set)
-    case = get_case(args.suite)
+    cls = case_class(args.suite)
+    case = cls(resolve(cls.declared_settings, args.set, os.environ, cls.name or args.suite))
     variants = parse_variants(case, args.variants)
     for name, value in (("--iters", args.iters), ("--threads", args.threads)):
         if value is not None and value < 1:

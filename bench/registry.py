@@ -21,8 +21,8 @@ SUITES = {
 }
 
 
-def get_case(name):
-    """Return a new case object of suite ``name``.
+def case_class(name):
+    """Return the case class of suite ``name``.
 
     ``name`` is a suite of `SUITES`, or ``package.module:Class`` for a case of your
     own (a `bench.case.Case` subclass importable from the current environment).
@@ -33,6 +33,12 @@ def get_case(name):
     if not class_name:
         raise InputError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (or give module:Class)")
     try:
-        return getattr(importlib.import_module(module_name), class_name)()
+        return getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
         raise InputError(f"cannot load suite {name!r}: {error}") from None
+
+
+def get_case(name, settings=None):
+    """Return a new case object of suite ``name`` (see `case_class`) with ``settings``
+    (a `bench.settings.Settings`; default: from the ``MLSCALE_*`` variables)."""
+    return case_class(name)(settings)

@@ -1,12 +1,18 @@
 """``mlscale slurm``: one sbatch script per node count, rendered from the templates in ``slurm/``.
 
 Each script asks for ``--nodes N --ntasks-per-node T``, changes to the submit
-directory and runs ``mlscale run SUITE`` with the forwarded measuring options,
-launched by ``srun --mpi=pmi2`` (default) or the MPI's own ``mpiexec``, with the
+directory and runs ``mlscale run SUITE`` with the forwarded measuring options
+and the suite's settings in effect when it was rendered (``--set`` or
+``MLSCALE_*``, written as ``--set NAME=VALUE`` so the job does not depend on the
+environment it is submitted from), launched by ``srun --mpi=pmi2`` (default) or the MPI's own ``mpiexec``, with the
 Python that rendered it (so a virtual environment is used on the compute nodes).
 Every job writes its own CSV, ``OUT/SUITE-SCALING[-gpu]-N{nodes}.csv``, so jobs
 never append to one file at the same time; ``mlscale report OUT/*.csv`` reads them
 together.
+
+When ``sinfo`` answers, a node count larger than the partition (``--partition``,
+else the default one) is refused before anything is written: such a job would
+pend forever. Without ``sinfo`` the scripts are rendered unchecked.
 
 One script per node count rather than a job array: the elements of a Slurm job
 array share a single resource request, so they cannot differ in ``--nodes``.
@@ -120,8 +126,42 @@ def site_options(args):
     return "\n".join(lines)
 
 
-def run_options(args):
-    """The measuring options as they are passed on to ``mlscale run`` (a string starting with a space)."""
+def partition_size(partition):
+    """``(name, nodes)`` of ``partition`` (None: the default partition) as ``sinfo`` reports it.
+
+    Returns None when ``sinfo`` is missing, fails, or does not list the partition.
+    """
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        done = subprocess.run(["sinfo", "--noheader", "--format=%P %D"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    nodes, default = {}, None
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if len(words) != 2 or not words[1].isdigit():
+            continue
+        name = words[0].rstrip("*")
+        default = name if words[0].endswith("*") else default
+        nodes[name] = nodes.get(name, 0) + int(words[1])  # one line per node state
+    name = partition or default
+    return (name, nodes[name]) if name in nodes else None
+
+
+def check_partition(args, node_counts):
+    """Raise `InputError` when the largest node count exceeds the partition's nodes (when sinfo can tell)."""
+    known = partition_size(args.partition)
+    if known and max(node_counts) > known[1]:
+        raise InputError(f"--nodes {max(node_counts)}: partition {known[0]!r} has {known[1]} node(s) (sinfo); "
+                         "the job would pend forever")
+
+
+def run_options(args, settings):
+    """The measuring options and ``settings`` (`bench.settings.Settings`) as passed on to ``mlscale run``
+    (a string starting with a space)."""
     words = []
     for option, attribute in _FORWARDED:
         value = getattr(args, attribute)
@@ -129,6 +169,8 @@ def run_options(args):
             words += [option, str(value)]
     if not args.check:
         words.append("--no-check")
+    for assignment in settings.assignments():
+        words += ["--set", assignment]
     return "".join(" " + shlex.quote(word) for word in words)
 
 
@@ -147,14 +189,14 @@ def render(template, fields):
         return string.Template(handle.read()).substitute(fields)
 
 
-def render_jobs(args, argv, node_counts, tasks_per_node, template, prefix):
+def render_jobs(args, argv, node_counts, tasks_per_node, template, prefix, settings):
     """``[(script path, script text)]``, one per node count, named ``OUT/PREFIX-N{nodes}``; nothing is written."""
     out_dir = os.path.abspath(args.out)
     common = dict(
         rendered_by=" ".join(shlex.quote(word) for word in ["mlscale"] + list(argv)).replace("\n", " "),
         ntasks_per_node=tasks_per_node, gpus_per_node=args.gpus_per_node, site_options=site_options(args),
         package_root=shlex.quote(PACKAGE_ROOT), python=shlex.quote(sys.executable), suite=shlex.quote(args.suite),
-        scaling=args.scaling, run_options=run_options(args),
+        scaling=args.scaling, run_options=run_options(args, settings),
     )
     jobs = []
     for nodes in node_counts:
@@ -183,6 +225,7 @@ def command_slurm(args, argv, out):
     written or submitted.
     """
     node_counts = parse_node_counts(args.nodes)
+    check_partition(args, node_counts)
     template = choose_template(args)
     tasks_per_node = args.ntasks_per_node if args.ntasks_per_node is not None else args.gpus_per_node
     if tasks_per_node is None:
@@ -197,15 +240,15 @@ def command_slurm(args, argv, out):
         raise InputError(f"--out {args.out!r}: the path must not contain spaces (it goes into #SBATCH --output)")
     case, notes = check_job_sizes(args, node_counts, tasks_per_node)
     prefix = f"{case.name}-{args.scaling}{'-gpu' if template == 'gpu' else ''}"
-    jobs = render_jobs(args, argv, node_counts, tasks_per_node, template, prefix)
+    jobs = render_jobs(args, argv, node_counts, tasks_per_node, template, prefix, case.settings)
     os.makedirs(os.path.abspath(args.out), exist_ok=True)
-    for note in notes:
+    for note in case.settings.warnings + notes:
         out(f"# {note}")
     for path, text in jobs:
         with open(path, "w") as handle:
             handle.write(text)
     for path, _ in jobs:
         out(f"submitted job {submit(path)}: {path}" if args.submit else path)
-    csv_glob = os.path.join(args.out, f"{prefix}-N*.csv")
+    csv_glob = shlex.quote(os.path.join(args.out, f"{prefix}-N")) + "*.csv"
     out(f"# {'after the jobs' if args.submit else 'sbatch each script, then'}: mlscale report {csv_glob}")
     return 0

@@ -16,7 +16,6 @@ from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
-from bench.settings import suite_settings
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
@@ -161,7 +160,7 @@ def _measure_rank_count(sub, case, config, backend, results, library, variants, 
     """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found."""
     threads = _threads_for(sub, config.threads)
     nodes = len(set(sub.allgather(socket.gethostname())))
-    settings = suite_settings()
+    settings = case.settings.column()
     wrong_total = 0
     for variant in variants:
         for size in config.sizes:

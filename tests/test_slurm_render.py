@@ -1,5 +1,6 @@
 """``mlscale slurm`` without a cluster: rendered scripts, submission through a stand-in sbatch, bad input."""
 import csv
+import json
 import os
 import re
 import subprocess
@@ -146,3 +147,73 @@ def test_submit_without_sbatch_is_refused(capsys, tmp_path, monkeypatch):
     assert status == 2 and err == ["mlscale: error: --submit: no sbatch on PATH (run on a Slurm login node, "
                                    "or drop --submit)"]
     assert not (tmp_path / "never").exists()
+
+
+def fake_command(bin_dir, name, body):
+    """Write an executable ``bin_dir/name`` shell script with ``body``."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_settings_reach_the_job_that_runs(capsys, tmp_path, monkeypatch):
+    """--set and MLSCALE_* become --set words of the run line, and the job measures with them."""
+    bin_dir = tmp_path / "bin"
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    fake_command(bin_dir, "srun", f'[ "$1" = --mpi=pmi2 ] || exit 9\nshift\nexec {mpiexec} -n 2 "$@"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MLSCALE_GEMM_PANEL", "4")
+    monkeypatch.setenv("MLSCALE_DP_MODEL", "cnn")  # another suite's: not forwarded
+    status, lines, _ = mlscale_slurm(capsys, "slurm", "gemm", "--nodes", "1", "--ntasks-per-node", "2",
+                                     "--variants", "summa", "--sizes", "9", "--iters", "1", "--warmup", "0",
+                                     "--set", "grid=1x2", "--out", str(tmp_path / "r"))
+    assert status == 0
+    assert run_line(open(lines[0]).read()).endswith(
+        "--variants summa --sizes 9 --iters 1 --warmup 0 --set GEMM_PANEL=4 --set GRID=1x2")
+    monkeypatch.delenv("MLSCALE_GEMM_PANEL")
+    done = subprocess.run(["bash", lines[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, SLURM_SUBMIT_DIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "r" / "gemm-strong-N1.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["ranks"], row["wrong"]) == ("2", "0")
+    assert json.loads(row["settings"]) == {"MLSCALE_GEMM_PANEL": "4", "MLSCALE_GRID": "1x2"}
+    assert (json.loads(row["params"])["layout"], json.loads(row["params"])["panel"]) == ("1x2", 4)
+
+
+def test_report_hint_is_shell_quoted(capsys, tmp_path):
+    out = tmp_path / "a&b$c"
+    status, lines, _ = mlscale_slurm(capsys, *BASE, "--nodes", "1,2", "--out", str(out))
+    assert status == 0
+    prefix = "# sbatch each script, then: mlscale report "
+    assert lines[-1].startswith(prefix)
+    for nodes in (1, 2):
+        (out / f"allreduce-strong-N{nodes}.csv").write_text("")
+    listed = subprocess.run(["bash", "-c", "printf '%s\\n' " + lines[-1][len(prefix):]], capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    assert listed == [str(out / f"allreduce-strong-N{nodes}.csv") for nodes in (1, 2)]
+
+
+@pytest.fixture
+def two_node_partition(tmp_path, monkeypatch):
+    """A stand-in sinfo: default partition ``debug`` of 2 nodes (one line per node state), ``big`` of 8."""
+    fake_command(tmp_path / "bin", "sinfo", "printf 'debug* 1\\ndebug* 1\\nbig 8\\n'\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "1,3"], "--nodes 3: partition 'debug' has 2 node(s) (sinfo); the job would pend forever"),
+    (["--nodes", "9", "--partition", "big"], "--nodes 9: partition 'big' has 8 node(s) (sinfo); the job would pend "
+                                                "forever"),
+])
+def test_more_nodes_than_the_partition_are_refused(capsys, tmp_path, two_node_partition, args, message):
+    status, lines, err = mlscale_slurm(capsys, *BASE, "--submit", "--out", str(tmp_path / "never"), *args)
+    assert (status, lines) == (2, []) and err == [f"mlscale: error: {message}"]
+    assert not (tmp_path / "never").exists()
+
+
+def test_node_counts_within_the_partition_render(capsys, tmp_path, two_node_partition):
+    for args in (["--nodes", "1,2"], ["--nodes", "8", "--partition", "big"], ["--nodes", "4", "--partition", "x"]):
+        status, _, err = mlscale_slurm(capsys, *BASE, "--out", str(tmp_path / "r"), *args)
+        assert status == 0, err

@@ -41,6 +41,9 @@ class Allreduce(Case):
     size_help = "message size in bytes per rank (out of place, SUM)"
     default_sizes = "8:16M"
     metrics_help = "algbw = size / time; busbw = algbw * 2(p-1)/p (nccl-tests), GB/s"
+    description = ("MPI_Allreduce against the hand-written ring, recursive-doubling, Rabenseifner and binomial-tree "
+                   "algorithms of parallel.collectives. Every rank sums a vector of size bytes out of place; the "
+                   "inputs are small integers, so every order of summation gives the exact sum the check expects.")
 
     def problem_size(self, size, ranks, scaling):
         return size

@@ -14,14 +14,10 @@ tokens, arrays (heads, seq, dim) as in `parallel.attention`. Variants:
 - ``ulysses``: `parallel.ulysses` (any ``n``; heads must divide by the rank count,
   else the point is skipped in a sweep, or an `InputError` when the variant is named).
 
-Settings from environment variables (all recorded in params):
-
-- ``MLSCALE_ATTN_HEADS``: heads (default 4); ``MLSCALE_ATTN_DIM``: head dim (default 64).
-- ``MLSCALE_ATTN_CAUSAL``: 0 (default) or 1 for a causal mask.
-- ``MLSCALE_ATTN_BACKWARD``: 0 (default: forward only) or 1 (forward and backward).
-- ``MLSCALE_ATTN_TILE`` and ``MLSCALE_ATTN_KEY_TILE``: query rows and keys per score
-  tile (default `parallel.attention.TILES`, 256 and 1024); the ring variants also
-  stream their last key / value block in pieces of ``MLSCALE_ATTN_KEY_TILE`` tokens.
+Settings (`SETTINGS`, all recorded in params): heads, head dim, causal mask,
+backward pass, and the query rows and keys per score tile (default
+`parallel.attention.TILES`); the ring variants also stream their last key / value
+block in pieces of ``ATTN_KEY_TILE`` tokens.
 
 Inputs: Q, K, V, dO standard normal, drawn per 512-token block from a seed, so
 every rank draws only its own tokens. Check (each rank, on up to 32 sampled local
@@ -49,7 +45,7 @@ from typing import Optional
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.settings import env_flag, env_int
+from bench.settings import Setting, flag, integer
 from bench.sweep import sleeping_barrier
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -64,11 +60,20 @@ CHECK_ROWS = 32
 TOLERANCES = {"float64": 1e-9, "float32": 2e-3}
 
 
-def read_settings():
-    """The suite settings from the ``MLSCALE_ATTN_*`` environment variables; `InputError` when malformed."""
-    return dict(heads=env_int("MLSCALE_ATTN_HEADS", 4), dim=env_int("MLSCALE_ATTN_DIM", 64),
-                causal=env_flag("MLSCALE_ATTN_CAUSAL", False), backward=env_flag("MLSCALE_ATTN_BACKWARD", False),
-                tiles=(env_int("MLSCALE_ATTN_TILE", TILES[0]), env_int("MLSCALE_ATTN_KEY_TILE", TILES[1])))
+SETTINGS = (
+    Setting("ATTN_HEADS", integer, 4, 1, "attention heads"),
+    Setting("ATTN_DIM", integer, 64, 1, "head dimension"),
+    Setting("ATTN_CAUSAL", flag, False, None, "1: causal mask"),
+    Setting("ATTN_BACKWARD", flag, False, None, "1: forward and backward pass (0: forward only)"),
+    Setting("ATTN_TILE", integer, TILES[0], 1, "query rows per score tile"),
+    Setting("ATTN_KEY_TILE", integer, TILES[1], 1, "keys per score tile (and per piece of the ring's last block)"),
+)
+
+
+def read_settings(settings):
+    """The suite's settings as the state keeps them (heads, dim, causal, backward, tiles)."""
+    return dict(heads=settings["ATTN_HEADS"], dim=settings["ATTN_DIM"], causal=settings["ATTN_CAUSAL"],
+                backward=settings["ATTN_BACKWARD"], tiles=(settings["ATTN_TILE"], settings["ATTN_KEY_TILE"]))
 
 
 def draw_tokens(spans, heads, dim, dtype):
@@ -136,18 +141,24 @@ class Attention(Case):
     benchmark = "attention"
     variants = ("full", "ring", "ring_zigzag", "ulysses")
     size_unit = "tokens"
-    size_help = ("sequence length in tokens (weak: per rank); one run = attention forward (+ backward) over it; "
-                 "settings MLSCALE_ATTN_HEADS, _DIM, _CAUSAL, _BACKWARD, _TILE, _KEY_TILE (bench/cases/attention.py)")
+    size_help = "sequence length in tokens (weak: per rank); one run = attention forward (+ backward) over it"
     default_sizes = "1K:8K"
     metrics_help = ("items_per_s = tokens/s; metric imbalance (causal: max/mean per-rank compute time) or "
                     "peak_mem_mb (largest rank); params: compute s, bytes sent and peak MB per rank")
 
-    def __init__(self):
-        self.settings = read_settings()
+    description = ("Multi-head attention over a long sequence: full blockwise attention on one process against "
+                   "ring attention (contiguous or zig-zag blocks, key / value blocks passed round the ring with an "
+                   "online softmax) and Ulysses (all-to-all from sequence to head shards). Forward, optionally "
+                   "backward, optionally causal; the check compares sampled rows with a dense float64 reference.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.config = read_settings(self.settings)
 
     def check_ranks(self, ranks, variant):
-        if variant == "ulysses" and self.settings["heads"] % ranks:
-            raise InputError(f"ulysses needs the heads ({self.settings['heads']}) divisible by the ranks ({ranks})")
+        if variant == "ulysses" and self.config["heads"] % ranks:
+            raise InputError(f"ulysses needs the heads ({self.config['heads']}) divisible by the ranks ({ranks})")
 
     def iterations(self, size):
         return (10, 2) if size <= 2048 else (5, 1) if size <= 8192 else (3, 1)
@@ -159,8 +170,8 @@ class Attention(Case):
             raise InputError(f"attention: the sequence needs at least one token, got {size}")
         self.check_ranks(comm.size, variant)
         spans = layout(variant, size, comm.size, comm.rank)
-        tokens = draw_tokens(spans, self.settings["heads"], self.settings["dim"], dtype)
-        return _State(comm, variant, dtype, size, dict(self.settings), spans, tokens)
+        tokens = draw_tokens(spans, self.config["heads"], self.config["dim"], dtype)
+        return _State(comm, variant, dtype, size, dict(self.config), spans, tokens)
 
     def run(self, state):
         """One pass; the first one (never timed by the harness) measures peak memory, then counters restart."""

@@ -49,7 +49,10 @@ class Blas1(BlasCase):
     variants = ("numpy_dot", "numpy_nrm2", "numpy_axpy", "dot", "nrm2", "axpy")
     size_help = "vector length n in elements (weak scaling: n per rank)"
     default_sizes = "64K:16M"
-    metrics_help = "gflops (2n flops), items_per_s = n/s, metric comm_share (see bench/cases/blas_common.py)"
+    metrics_help = "gflops (2n flops), items_per_s = n/s, metric comm_share"
+    description = ("Distributed dot product, 2-norm and axpy on block vectors against NumPy on one process using "
+                   "every core. Each kernel has its one-process counterpart (numpy_dot, numpy_nrm2, numpy_axpy); "
+                   "dot and nrm2 end in one small allreduce, axpy does not communicate.")
 
     def build(self, state):
         comm, dtype = state.comm, np.dtype(state.dtype)

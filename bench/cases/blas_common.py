@@ -15,13 +15,9 @@ count, i.e. a kernel on one rank against the library.
 Weak scaling keeps the work per rank fixed: n is multiplied by p^(1/e) for work
 growing as n^e (rounded to an integer).
 
-Settings (environment variables, recorded in ``params``):
-
-- ``MLSCALE_GRID``: ``PRxPC`` grid of gemv ``2d`` and gemm ``summa`` (default: as
-  square as ``MPI_Dims_create`` makes it); a grid without ``ranks`` ranks is an
-  InputError (skipped with a note in sweeps that do not name the variant).
-- ``MLSCALE_GEMM_PANEL``: SUMMA panel width (default 256).
-- ``MLSCALE_GEMM_REPLICAS``: replicas c of gemm ``25d`` (default 2).
+Settings (declared below: `GRID` for gemv and gemm, `PANEL` and `REPLICAS` for
+gemm; recorded in ``params``): a grid without ``ranks`` ranks is an InputError
+(skipped with a note in sweeps that do not name the variant).
 
 Inputs. Row i of a global matrix M (A, B; the vectors x and y are the rows of a
 matrix ``VECTOR_ROW`` wide, read in order) is drawn from the generator seeded
@@ -52,7 +48,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info
 
 from bench.case import Case, Metrics
-from bench.settings import env_int
+from bench.settings import Setting, integer
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
@@ -100,14 +96,19 @@ def count_wrong(result, expected, magnitude, terms, dtype):
     return int(np.count_nonzero(~(np.abs(np.asarray(result, np.float64) - expected) <= bound)))
 
 
-def read_settings():
-    """``(panel, replicas, grid)`` from the environment; grid is ``(pr, pc)`` or None. InputError if malformed."""
-    text = os.environ.get("MLSCALE_GRID", "").strip().lower()
+def grid(variable, text, allowed):
+    """``(pr, pc)`` from ``PRxPC`` text such as ``2x1``; None for empty text."""
+    text = text.lower()
     parts = text.split("x")
     if text and (len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts)):
-        raise InputError(f"MLSCALE_GRID must be rows x columns such as 2x1, got {text!r}")
-    grid = tuple(int(p) for p in parts) if text else None
-    return env_int("MLSCALE_GEMM_PANEL", 256), env_int("MLSCALE_GEMM_REPLICAS", 2), grid
+        raise InputError(f"{variable} must be rows x columns such as 2x1, got {text!r}")
+    return tuple(int(p) for p in parts) if text else None
+
+
+GRID = Setting("GRID", grid, None, "PRxPC", "grid of gemv 2d and gemm summa (default: as square as "
+                                              "MPI_Dims_create makes it)")
+PANEL = Setting("GEMM_PANEL", integer, 256, 1, "SUMMA panel width")
+REPLICAS = Setting("GEMM_REPLICAS", integer, 2, 1, "replicas c of gemm 25d")
 
 
 def library_kernel(function, *args):
@@ -150,8 +151,9 @@ class BlasCase(Case):
     work_exponent = 1
     compute_bound = False
 
-    def __init__(self):
-        self.panel, self.replicas, self.grid = read_settings()
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.grid, self.panel, self.replicas = (self.settings.get(s.name) for s in (GRID, PANEL, REPLICAS))
 
     def check_ranks(self, ranks, variant):
         if variant.startswith("numpy") and ranks != 1:

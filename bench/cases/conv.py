@@ -7,13 +7,9 @@ backward passes (``forward_backward``, ``forward_backward_overlap``) of one
 (``MPI.Compute_dims``: 2x1, 3x1, 2x2...). The ``_overlap`` variants compute the
 tile interior while the halos are in flight, then the border.
 
-Settings from environment variables (the command line has no suite options):
-
-- ``MLSCALE_CONV_CHANNELS``: input and output channels ``C`` (default 16).
-- ``MLSCALE_CONV_KERNEL``: kernel side ``k``, odd (default 3).
-- ``MLSCALE_CONV_BATCH``: images per batch ``N`` (default 1).
-- ``MLSCALE_CONV_PACKING``: how halos travel, ``packed`` (default: copies into
-  contiguous buffers, measured faster here) or ``subarray`` (MPI subarray datatypes).
+Settings (`SETTINGS`): channels ``C``, odd kernel side ``k``, images per batch
+``N``, and how halos travel: ``packed`` (default: copies into contiguous buffers,
+measured faster here) or ``subarray`` (MPI subarray datatypes).
 
 Scaling: strong keeps the image; weak keeps the pixels per rank: the image side
 is ``round(size * sqrt(p))``, so ``H * W / p`` stays ``size**2`` within rounding
@@ -42,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.settings import env_choice, env_int
+from bench.settings import Setting, choice, integer
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from parallel.halo_conv import HaloConv2d, conv_padding
@@ -57,11 +53,19 @@ CORNER = 16
 TOLERANCES = {"float64": 1e-10, "float32": 1e-4}
 
 
-def read_settings():
-    """The suite settings from the ``MLSCALE_CONV_*`` environment variables."""
-    settings = dict(channels=env_int("MLSCALE_CONV_CHANNELS", 16), kernel=env_int("MLSCALE_CONV_KERNEL", 3),
-                    batch=env_int("MLSCALE_CONV_BATCH", 1),
-                    packing=env_choice("MLSCALE_CONV_PACKING", DEFAULT_PACKING, PACKING_METHODS))
+SETTINGS = (
+    Setting("CONV_CHANNELS", integer, 16, 1, "input and output channels C"),
+    Setting("CONV_KERNEL", integer, 3, 1, "kernel side k, odd ('same' padding)"),
+    Setting("CONV_BATCH", integer, 1, 1, "images per batch N"),
+    Setting("CONV_PACKING", choice, DEFAULT_PACKING, PACKING_METHODS,
+            "how halos travel: packed buffers or MPI subarray datatypes"),
+)
+
+
+def read_settings(settings):
+    """The suite's settings as the state keeps them; `InputError` for an even kernel."""
+    settings = dict(channels=settings["CONV_CHANNELS"], kernel=settings["CONV_KERNEL"], batch=settings["CONV_BATCH"],
+                    packing=settings["CONV_PACKING"])
     if settings["kernel"] % 2 == 0:
         raise InputError(f"MLSCALE_CONV_KERNEL={settings['kernel']}: 'same' padding needs an odd kernel")
     return settings
@@ -114,12 +118,16 @@ class HaloConv(Case):
     benchmark = "halo_conv"
     variants = ("forward", "forward_overlap", "forward_backward", "forward_backward_overlap")
     size_unit = "pixels"
-    size_help = ("image side H = W (weak: the side is round(size * sqrt(p))); settings MLSCALE_CONV_CHANNELS, "
-                 "_KERNEL, _BATCH, _PACKING (see bench/cases/conv.py)")
+    size_help = "image side H = W (weak: the side is round(size * sqrt(p)))"
     default_sizes = "128:1024"
     metrics_help = ("gflops = convolution flops / time; metric halo_share = halo-exchange time / run time "
                     "(rank 0); params: grid, tile, halo_bytes_per_rank, overlap, packing")
     dtypes = ("float32", "float64")
+    description = ("Domain-parallel 2D convolution: a batch of images split in tiles over a 2D grid of the ranks, "
+                   "halos exchanged with the neighbours before each pass (packed buffers or MPI subarray types), "
+                   "optionally overlapping the tile interior with the exchange. Forward, or forward and backward "
+                   "with the halo gradients added back; each tile is checked against a serial convolution.")
+    declared_settings = SETTINGS
 
     def problem_size(self, size, ranks, scaling):
         return size if scaling == "strong" else round(size * math.sqrt(ranks))
@@ -130,7 +138,7 @@ class HaloConv(Case):
     def setup(self, comm, size, variant, backend, dtype):
         if backend.name != "numpy":
             raise InputError("suite 'conv' runs on the numpy backend only")
-        settings = read_settings()
+        settings = read_settings(self.settings)
         channels, kernel, batch = settings["channels"], settings["kernel"], settings["batch"]
         grid = ProcessGrid(comm)
         layout = TileLayout.blocks(size, size, grid.dims)

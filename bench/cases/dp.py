@@ -9,18 +9,14 @@ Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
 (``MPI.Iallreduce`` on each bucket as soon as backward has produced it), and the
 hand-written algorithms of `parallel.collectives` (blocking, after backward).
 
-Settings from environment variables (the command line has no suite options):
-
-- ``MLSCALE_DP_MODEL``: ``mlp`` (default; 784-256-128-10 on MNIST, 64-256-128-10 on
-  digits) or ``cnn`` (`parallel.models.mnist_cnn`, 28x28 images only).
-- ``MLSCALE_DP_DATASET``: ``mnist`` (default; the 5,000-image sample of
-  `kernels.datasets.load_mnist_sample`), ``digits`` (1,797 8x8 images), or a
-  directory holding the standard MNIST IDX files (train and t10k, .gz or not).
-- ``MLSCALE_DP_BUCKET_BYTES``: gradient bucket cap in bytes (K/M suffixes; 0: one
-  flat buffer). Default: 0, except 64K for ``mpi_overlap`` (overlap needs buckets).
-- ``MLSCALE_DP_PRECISION``: ``full`` (default: gradients exchanged in the model
-  dtype), ``float16`` or ``bfloat16`` (see `parallel.gradient_wire`).
-- ``MLSCALE_DP_MICRO_BATCHES``: micro-batches accumulated per step (default 1).
+Settings (`SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
+on digits) or ``cnn`` (`parallel.models.mnist_cnn`, 28x28 images only); the data
+set, ``mnist`` (the 5,000-image sample of `kernels.datasets.load_mnist_sample`),
+``digits`` (1,797 8x8 images) or a directory holding the standard MNIST IDX files
+(train and t10k, .gz or not); the gradient bucket cap (0: one flat buffer; by
+default 64K for ``mpi_overlap``, which needs buckets, else 0); the exchange
+precision (``full``: the model dtype, see `parallel.gradient_wire`); and the
+micro-batches accumulated per step.
 
 Recorded: items_per_s (global samples per second); metric ``comm_share``: the
 time rank 0 spent in the MPI calls of the gradient exchange (waits for slower
@@ -47,7 +43,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.settings import env_choice, env_int, env_size
+from bench.settings import Setting, byte_size, choice, integer
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -86,22 +82,38 @@ def _build_model(name, inputs, dtype):
     return mnist_cnn(SEED, dtype) if name == "cnn" else mnist_mlp(SEED, dtype, inputs)
 
 
-def read_settings(variant):
-    """The suite settings of ``variant`` from the ``MLSCALE_DP_*`` environment variables."""
-    model = env_choice("MLSCALE_DP_MODEL", "mlp", MODELS)
-    dataset = os.environ.get("MLSCALE_DP_DATASET", "mnist").strip()
-    if dataset.lower() in DATASETS:
-        dataset = dataset.lower()
-    elif not os.path.isdir(dataset):
-        raise InputError(f"MLSCALE_DP_DATASET={dataset!r}: choose from {', '.join(DATASETS)} "
+def data_source(variable, text, allowed):
+    """A bundled data set's name (lower-cased) or a directory of MNIST IDX files."""
+    if text.lower() in DATASETS:
+        return text.lower()
+    if not os.path.isdir(text):
+        raise InputError(f"{variable}={text!r}: choose from {', '.join(DATASETS)} "
                          "or a directory holding the MNIST IDX files")
+    return text
+
+
+SETTINGS = (
+    Setting("DP_MODEL", choice, "mlp", MODELS, "model (cnn: 28x28 images only)"),
+    Setting("DP_DATASET", data_source, "mnist", "mnist|digits|IDX directory",
+            "data set, or a directory of MNIST IDX files"),
+    Setting("DP_BUCKET_BYTES", byte_size, None, None,
+            "gradient bucket cap, 0: one flat buffer (default: 64K for mpi_overlap, else 0)"),
+    Setting("DP_PRECISION", choice, "full", PRECISIONS, "gradient exchange format (full: the model dtype)"),
+    Setting("DP_MICRO_BATCHES", integer, 1, 1, "micro-batches accumulated per step"),
+)
+
+
+def read_settings(settings, variant):
+    """The trainer settings of ``variant`` from the suite's ``settings``; `InputError` when they do not fit."""
+    model = settings["DP_MODEL"]
+    dataset = settings["DP_DATASET"]
     if model == "cnn" and dataset == "digits":
         raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX directory")
     overlap = variant == "mpi_overlap"
+    bucket_bytes = settings["DP_BUCKET_BYTES"]
     return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
-                bucket_bytes=env_size("MLSCALE_DP_BUCKET_BYTES", OVERLAP_BUCKET_BYTES if overlap else 0),
-                micro_batches=env_int("MLSCALE_DP_MICRO_BATCHES", 1),
-                precision=env_choice("MLSCALE_DP_PRECISION", "full", PRECISIONS))
+                bucket_bytes=(OVERLAP_BUCKET_BYTES if overlap else 0) if bucket_bytes is None else bucket_bytes,
+                micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"])
 
 
 @dataclass
@@ -128,12 +140,17 @@ class DataParallel(Case):
     benchmark = "data_parallel"
     variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS)
     size_unit = "samples"
-    size_help = ("global batch size in samples (weak: per rank); one run = one training step; settings "
-                 "MLSCALE_DP_MODEL, _DATASET, _BUCKET_BYTES, _PRECISION, _MICRO_BATCHES (see bench/cases/dp.py)")
+    size_help = "global batch size in samples (weak: per rank); one run = one training step"
     default_sizes = "32:1K"
     metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
                     "params: settings, epoch_s_estimate, peak_rss_mib (ru_maxrss, rank 0), test_accuracy")
     dtypes = ("float32", "float64")
+    description = ("Data-parallel training steps of an MLP or a small CNN on MNIST images: each rank takes its "
+                   "shard of the global batch, and the gradients are summed by MPI_Allreduce, by Iallreduce on "
+                   "buckets overlapped with the backward pass, or by the hand-written allreduce algorithms; "
+                   "optionally in 16-bit and with gradient accumulation. The check trains a serial model on the "
+                   "same batches and compares the parameters.")
+    declared_settings = SETTINGS
 
     def iterations(self, size):
         return 10, 2
@@ -143,7 +160,7 @@ class DataParallel(Case):
             raise InputError("suite 'dp' runs on the numpy backend only")
         if size < 1:
             raise InputError(f"dp: the global batch needs at least one sample, got {size}")
-        settings = read_settings(variant)
+        settings = read_settings(self.settings, variant)
         data = _split_data(settings["dataset"], settings["model"] == "mlp", dtype)
         model = _build_model(settings["model"], data[0].shape[-1], dtype)
         options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",

@@ -2,9 +2,9 @@
 
 Size n: A, B and C are n x n. Variants: ``numpy`` (``A @ B``, one process with
 every core; the report's reference), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
-row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, ``MLSCALE_GRID``, panel
-``MLSCALE_GEMM_PANEL``), ``cannon`` (`gemm_cannon`; p a perfect square) and ``25d``
-(`gemm_25d` on a q x q x c grid, c = ``MLSCALE_GEMM_REPLICAS``; c | p and p / c a
+row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, setting ``GRID``, panel
+``GEMM_PANEL``), ``cannon`` (`gemm_cannon`; p a perfect square) and ``25d``
+(`gemm_25d` on a q x q x c grid, c = ``GEMM_REPLICAS``; c | p and p / c a
 perfect square). See `bench.cases.blas_common` for inputs, settings and metrics.
 
 Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
@@ -19,8 +19,8 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import (CHUNK_ROWS, BlasCase, Cost, count_wrong, library_kernel, seeded_matrix,
-                                     seeded_rows)
+from bench.cases.blas_common import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong, library_kernel,
+                                     seeded_matrix, seeded_rows)
 from bench.model import log2_ceil
 from kernels.distmatrix import DistMatrix
 from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa
@@ -39,8 +39,12 @@ class Gemm(BlasCase):
     variants = ("numpy", "1d_ring", "1d_allgather", "summa", "cannon", "25d")
     size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
     default_sizes = "256:2K"
-    metrics_help = ("gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share; env MLSCALE_GRID, "
-                    "MLSCALE_GEMM_PANEL, MLSCALE_GEMM_REPLICAS (see bench/cases/blas_common.py)")
+    metrics_help = "gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share"
+    description = ("Distributed matrix product C = A B of seeded n x n matrices against one NumPy process using "
+                   "every core. The kernels are 1D row blocks (B passed round a ring, or allgathered), SUMMA on a "
+                   "2D grid, Cannon on a square grid and the 2.5D algorithm with c replicas; each rank pins its "
+                   "share of the BLAS threads and splits its time into communication and computation.")
+    declared_settings = (GRID, PANEL, REPLICAS)
     work_exponent = 3
     compute_bound = True
 

@@ -3,7 +3,7 @@
 Size n: A is n x n. Variants: ``numpy`` (``A @ x``, one process with every core;
 the report's reference), ``rows`` (`gemv_rows`: allgather x, local GEMV), ``cols``
 (`gemv_cols`: local GEMV, reduce-scatter y) and ``2d`` (`gemv_2d` on a pr x pc
-grid, ``MLSCALE_GRID``). GEMV does 2 flops per matrix entry read once: it is
+grid, setting ``GRID``). GEMV does 2 flops per matrix entry read once: it is
 memory-bound, and the ranks of a node share its memory bandwidth. See
 `bench.cases.blas_common` for inputs, settings and metrics.
 
@@ -17,8 +17,8 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import (CHUNK_ROWS, BlasCase, Cost, count_wrong, library_kernel, seeded_matrix,
-                                     seeded_rows, seeded_vector)
+from bench.cases.blas_common import (CHUNK_ROWS, GRID, BlasCase, Cost, count_wrong, library_kernel,
+                                     seeded_matrix, seeded_rows, seeded_vector)
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
 
 KERNELS = {"rows": gemv_rows, "cols": gemv_cols, "2d": gemv_2d}
@@ -30,8 +30,12 @@ class Gemv(BlasCase):
     variants = ("numpy", "rows", "cols", "2d")
     size_help = "n of the n x n matrix A in y = A x (weak scaling: n sqrt(p))"
     default_sizes = "1K:8K"
-    metrics_help = ("gflops (2n^2 flops), algbw = bytes sent per rank / s, metric comm_share; "
-                    "env MLSCALE_GRID (see bench/cases/blas_common.py)")
+    metrics_help = "gflops (2n^2 flops), algbw = bytes sent per rank / s, metric comm_share"
+    description = ("Distributed matrix-vector product y = A x of a seeded n x n matrix against one NumPy process "
+                   "using every core. Row blocks allgather x, column blocks reduce-scatter y, and the 2D layout "
+                   "does both on a grid of the ranks; GEMV is memory-bound, so ranks on one node share its "
+                   "memory bandwidth.")
+    declared_settings = (GRID,)
     work_exponent = 2
 
     def build(self, state):

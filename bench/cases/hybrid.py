@@ -9,18 +9,13 @@ the ``dp`` replicas take `block_range` shards, each a multiple of the micro-batc
 Variants name the axes that share the ranks: ``dp``, ``tp``, ``pp`` put every rank
 on that axis; ``dp_tp``, ``dp_pp``, ``tp_pp`` and ``dp_tp_pp`` factor the rank count
 with ``MPI_Dims_create`` into one factor per named axis (larger factors first, in
-the name's order), each at least 2; ``grid`` reads the shape from
-``MLSCALE_HYBRID_GRID``. A shape that cannot fit the rank count is an `InputError`
+the name's order), each at least 2; ``grid`` reads the shape from the setting
+``HYBRID_GRID``. A shape that cannot fit the rank count is an `InputError`
 (the sweep skips it when the variants were not named).
 
-Settings from environment variables (or ``--set HYBRID_GRID=2x1x2``):
-
-- ``MLSCALE_HYBRID_GRID``: ``DPxTPxPP`` (e.g. ``2x1x2``) for variant ``grid``.
-- ``MLSCALE_HYBRID_HIDDEN`` (default 512), ``MLSCALE_HYBRID_FFN`` (default 2048),
-  ``MLSCALE_HYBRID_BLOCKS`` (default 4): block widths and count (``blocks >= pp``,
-  ``ffn >= tp``).
-- ``MLSCALE_HYBRID_MICROBATCHES``: micro-batches per replica and step (default 4).
-- ``MLSCALE_HYBRID_SCHEDULE``: ``1f1b`` (default) or ``gpipe``.
+Settings (`SETTINGS`): the grid of variant ``grid``, block widths and count
+(``blocks >= pp``, ``ffn >= tp``), micro-batches per replica and step, and the
+pipeline schedule.
 
 Recorded: items_per_s (samples per second); metric ``comm_share``: ``1 - sum_r
 busy_r / (P max_r step_r)`` over all ``P`` ranks, ``busy`` being computation
@@ -38,7 +33,6 @@ one ``Bcast``).
 """
 import functools
 import math
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -48,7 +42,7 @@ from mpi4py import MPI
 from bench.case import Case, Metrics
 from bench.cases.pp import (LEARNING_RATE, Timeline, check_samples, count_wrong, restore, serial_step_parameters,
                             synthetic_batch)
-from bench.settings import env_choice, env_int
+from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.hybrid import AXES, HybridTrainer, check_grid, serial_model
 from parallel.models import flat_storage
@@ -65,6 +59,21 @@ def parse_grid(text):
     if not match or min(int(value) for value in match.groups()) < 1:
         raise InputError(f"MLSCALE_HYBRID_GRID={text!r}: expected DPxTPxPP with positive integers, e.g. 2x1x2")
     return tuple(int(value) for value in match.groups())
+
+
+def grid_setting(variable, text, allowed):
+    """`parse_grid` of non-empty text; None for empty text."""
+    return parse_grid(text) if text else None
+
+
+SETTINGS = (
+    Setting("HYBRID_GRID", grid_setting, None, "DPxTPxPP", "shape of variant grid, e.g. 2x1x2"),
+    Setting("HYBRID_HIDDEN", integer, 512, 1, "block width"),
+    Setting("HYBRID_FFN", integer, 2048, 1, "block inner width (>= tp)"),
+    Setting("HYBRID_BLOCKS", integer, 4, 1, "MLP blocks (>= pp)"),
+    Setting("HYBRID_MICROBATCHES", integer, 4, 1, "micro-batches per replica and step"),
+    Setting("HYBRID_SCHEDULE", choice, "1f1b", SCHEDULES, "pipeline schedule"),
+)
 
 
 def grid_for(variant, ranks, grid=None):
@@ -99,21 +108,22 @@ class Hybrid(Case):
     benchmark = "hybrid"
     variants = ("dp", "tp", "pp", "dp_tp", "dp_pp", "tp_pp", "dp_tp_pp", "grid")
     size_unit = "samples"
-    size_help = ("global batch in samples (weak: per rank); each replica's shard a multiple of the micro-batches; "
-                 "settings MLSCALE_HYBRID_GRID, _HIDDEN, _FFN, _BLOCKS, _MICROBATCHES, _SCHEDULE "
-                 "(bench/cases/hybrid.py)")
+    size_help = "global batch in samples (weak: per rank); each replica's shard a multiple of the micro-batches"
     default_sizes = "64:512"
     metrics_help = ("items_per_s = samples/s; metric comm_share (communication and bubble share of the step); "
                     "params: dp, tp, pp, compute_s / tensor_s / send_s / wait_s / allreduce_s per rank")
     dtypes = ("float32", "float64")
 
-    def __init__(self):
-        grid_text = os.environ.get("MLSCALE_HYBRID_GRID", "").strip()
-        self.grid = parse_grid(grid_text) if grid_text else None
-        self.hidden, self.ffn = env_int("MLSCALE_HYBRID_HIDDEN", 512), env_int("MLSCALE_HYBRID_FFN", 2048)
-        self.blocks = env_int("MLSCALE_HYBRID_BLOCKS", 4)
-        self.micro_batches = env_int("MLSCALE_HYBRID_MICROBATCHES", 4)
-        self.schedule = env_choice("MLSCALE_HYBRID_SCHEDULE", "1f1b", SCHEDULES)
+    description = ("Training steps of a stack of Megatron MLP blocks on a dp x tp x pp grid of the ranks: tensor "
+                   "parallelism inside each block, a pipeline between stages of blocks, and a gradient allreduce "
+                   "over the data-parallel replicas. The variants put every rank on one axis, factor the ranks "
+                   "over two or three axes, or take an explicit grid; the check compares with serial SGD.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        (self.grid, self.hidden, self.ffn, self.blocks, self.micro_batches,
+         self.schedule) = (self.settings[s.name] for s in SETTINGS)
 
     def check_ranks(self, ranks, variant):
         check_grid(ranks, *grid_for(variant, ranks, self.grid), self.hidden, self.ffn, self.blocks)

@@ -10,13 +10,9 @@ per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per tok
 (``k`` experts) does not change with ``p``; capacity per (rank, expert) is
 ``ceil(k n_r / E * capacity_factor)`` (`parallel.moe_routing.expert_capacity`).
 
-Settings from environment variables (recorded in params):
-
-- ``MLSCALE_MOE_EXPERTS_PER_RANK``: experts per rank (default 2).
-- ``MLSCALE_MOE_HIDDEN``: token width (default 256); ``MLSCALE_MOE_FFN``: expert
-  inner width (default ``4 x hidden``).
-- ``MLSCALE_MOE_CAPACITY``: capacity factor, a number > 0 (default 1.25).
-The auxiliary-loss weight is fixed at 0.01.
+Settings (`SETTINGS`, recorded in params): experts per rank, token width, expert
+inner width (default ``4 x hidden``) and capacity factor. The auxiliary-loss weight
+is fixed at 0.01.
 
 Inputs ``x``, ``dy`` (T, hidden) are standard normal from a seed. Check: on every
 rank, `SerialMoE` (same seeds, the run's dtype, so that routing is identical) on
@@ -39,7 +35,7 @@ import numpy as np
 
 from bench.case import Case, Metrics
 from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
-from bench.settings import env_float, env_int
+from bench.settings import Setting, integer, number
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
 from parallel.moe import ParallelMoE
@@ -51,12 +47,19 @@ TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 TOP_K = {"top1": 1, "top2": 2}
 
 
-def read_settings():
-    """Layer settings from the ``MLSCALE_MOE_*`` environment variables."""
-    hidden = env_int("MLSCALE_MOE_HIDDEN", 256)
-    return dict(experts_per_rank=env_int("MLSCALE_MOE_EXPERTS_PER_RANK", 2), hidden=hidden,
-                ffn=env_int("MLSCALE_MOE_FFN", 4 * hidden),
-                capacity_factor=env_float("MLSCALE_MOE_CAPACITY", 1.25),
+SETTINGS = (
+    Setting("MOE_EXPERTS_PER_RANK", integer, 2, 1, "experts per rank"),
+    Setting("MOE_HIDDEN", integer, 256, 1, "token width"),
+    Setting("MOE_FFN", integer, None, 1, "expert inner width (default 4 x hidden)"),
+    Setting("MOE_CAPACITY", number, 1.25, 0.0, "capacity factor"),
+)
+
+
+def read_settings(settings):
+    """Layer settings from the suite's ``settings``."""
+    hidden = settings["MOE_HIDDEN"]
+    return dict(experts_per_rank=settings["MOE_EXPERTS_PER_RANK"], hidden=hidden,
+                ffn=settings["MOE_FFN"] or 4 * hidden, capacity_factor=settings["MOE_CAPACITY"],
                 aux_loss_weight=AUX_LOSS_WEIGHT)
 
 
@@ -65,19 +68,25 @@ class MixtureOfExperts(Case):
     benchmark = "mixture_of_experts"
     variants = ("top1", "top2")
     size_unit = "tokens"
-    size_help = ("global tokens T (weak: per rank); one run = MoE layer forward + backward; settings "
-                 "MLSCALE_MOE_EXPERTS_PER_RANK, _HIDDEN, _FFN, _CAPACITY (see bench/cases/moe.py)")
+    size_help = "global tokens T (weak: per rank); one run = MoE layer forward + backward"
     default_sizes = "512:8K"
     metrics_help = ("items_per_s = tokens/s; gflops of the kept expert rows and the gate; metric dropped_fraction; "
                     "params: load_imbalance, aux_loss, bytes sent, comm share and peak MB per rank")
 
-    def __init__(self):
-        self.settings = read_settings()
+    description = ("An expert-parallel mixture-of-experts layer, forward and backward: a top-1 or top-2 softmax "
+                   "gate routes each rank's tokens to experts spread evenly over the ranks, with all-to-all "
+                   "dispatch and combine and a capacity per expert; the experts grow with the rank count. "
+                   "Every element is checked against a serial layer that routes shard by shard as the ranks do.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.config = read_settings(self.settings)
 
     def check_ranks(self, ranks, variant):
-        if TOP_K[variant] > self.settings["experts_per_rank"] * ranks:
+        if TOP_K[variant] > self.config["experts_per_rank"] * ranks:
             raise InputError(f"moe {variant} needs at least {TOP_K[variant]} experts; "
-                             f"{self.settings['experts_per_rank']} per rank on {ranks} ranks")
+                             f"{self.config['experts_per_rank']} per rank on {ranks} ranks")
 
     def iterations(self, size):
         return (10, 2) if size <= 4096 else (5, 1)
@@ -88,7 +97,7 @@ class MixtureOfExperts(Case):
         if size < 1:
             raise InputError(f"moe: need at least one token, got {size}")
         self.check_ranks(comm.size, variant)
-        settings = dict(self.settings, experts=self.settings["experts_per_rank"] * comm.size, top_k=TOP_K[variant])
+        settings = dict(self.config, experts=self.config["experts_per_rank"] * comm.size, top_k=TOP_K[variant])
         layer = ParallelMoE(settings["hidden"], settings["ffn"], settings["experts"], comm, settings["top_k"],
                             settings["capacity_factor"], SEED, dtype, AUX_LOSS_WEIGHT)
         rng = np.random.default_rng(SEED)

@@ -39,6 +39,9 @@ class PointToPoint(Case):
     size_help = "message size in bytes"
     default_sizes = "8:1M"
     metrics_help = "latency: one-way latency in us (metric latency_us); bandwidth: algbw = busbw in GB/s"
+    description = ("Point-to-point latency (ping-pong) and bandwidth (a window of 64 messages in flight) between "
+                   "rank pairs (r, r + p/2), as OSU's multi-pair tests do; on 2 ranks this is osu_latency and "
+                   "osu_bw. Payloads carry a known byte pattern that the receiver checks.")
     dtypes = ("uint8",)
 
     def check_ranks(self, ranks, variant):

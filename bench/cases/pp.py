@@ -7,13 +7,9 @@ many ranks), split by `parallel.pipeline_schedule.partition`. One run is one tra
 synthetic global batch of ``size`` samples (standard normal inputs, uniform
 labels) cut into ``m`` micro-batches; ``size`` must be a multiple of ``m``.
 
-Settings from environment variables (or ``--set PP_WIDTH=...``):
-
-- ``MLSCALE_PP_MICROBATCHES``: micro-batches ``m`` per step (default 8).
-- ``MLSCALE_PP_WIDTH``: layer width ``W`` (default 1024).
-- ``MLSCALE_PP_LAYERS``: linear layers ``L`` (default 8).
-- ``MLSCALE_PP_BALANCE``: ``layers`` (default: `block_range` of the layer count)
-  or ``params`` (balance the stages' parameter counts).
+Settings (`SETTINGS`): micro-batches ``m`` per step, layer width ``W``, linear
+layers ``L``, and the balance: ``layers`` (`block_range` of the layer count) or
+``params`` (balance the stages' parameter counts).
 
 Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
 ``1 - max_r compute_r / max_r step_r`` (idle share of the busiest stage: the
@@ -44,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.settings import env_choice, env_int
+from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage, flatten_arrays, forward_backward, mlp
@@ -157,10 +153,12 @@ class _State:
     timeline: Timeline = field(default_factory=Timeline)
 
 
-def read_settings():
-    """``(micro_batches, width, layers, balance)`` from the ``MLSCALE_PP_*`` variables."""
-    return (env_int("MLSCALE_PP_MICROBATCHES", 8), env_int("MLSCALE_PP_WIDTH", 1024),
-            env_int("MLSCALE_PP_LAYERS", 8), env_choice("MLSCALE_PP_BALANCE", "layers", BALANCES))
+SETTINGS = (
+    Setting("PP_MICROBATCHES", integer, 8, 1, "micro-batches m per step (the global batch is a multiple of m)"),
+    Setting("PP_WIDTH", integer, 1024, 1, "layer width W"),
+    Setting("PP_LAYERS", integer, 8, 1, "linear layers L (2 L - 1 layers with the ReLUs: at most that many ranks)"),
+    Setting("PP_BALANCE", choice, "layers", BALANCES, "stage split: by layer count or by parameter count"),
+)
 
 
 class Pipeline(Case):
@@ -168,16 +166,22 @@ class Pipeline(Case):
     benchmark = "pipeline"
     variants = SCHEDULES
     size_unit = "samples"
-    size_help = ("global batch in samples (weak: per rank), a multiple of MLSCALE_PP_MICROBATCHES; one run = one "
-                 "training step; settings MLSCALE_PP_MICROBATCHES, _WIDTH, _LAYERS, _BALANCE (bench/cases/pp.py)")
+    size_help = "global batch in samples (weak: per rank), a multiple of PP_MICROBATCHES; one run = one training step"
     default_sizes = "64:512"
     metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
                     "theoretical_bubble, replayed_bubble (free messages), idle_fraction (all stages), stage_imbalance, "
                     "peak_in_flight and peak_activation_mib per stage, compute_s / send_s / wait_s / step_s per rank")
     dtypes = ("float32", "float64")
 
-    def __init__(self):
-        self.micro_batches, self.width, self.layers, self.balance = read_settings()
+    description = ("Pipeline-parallel training steps of a deep MLP, one stage per rank, under the GPipe and 1F1B "
+                   "schedules with point-to-point messages between stages. The metric is the measured bubble (the "
+                   "idle share of the busiest stage), beside the theoretical (p - 1) / (m + p - 1) and a replay of "
+                   "the schedule with free messages; the check compares the weights after a step with serial SGD.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.micro_batches, self.width, self.layers, self.balance = (self.settings[s.name] for s in SETTINGS)
 
     def check_ranks(self, ranks, variant):
         if ranks > 2 * self.layers - 1:

@@ -1,13 +1,10 @@
 """Suite ``ps``: parameter-server training steps (parallel.param_server) on the MNIST sample.
 
 Ranks ``0 .. S-1`` are servers holding the parameters sharded by key range, the
-other W ranks workers. Set with environment variables:
-
-- ``MLSCALE_PS_SERVERS``: number of server ranks S (default 1; at most ranks - 1).
-- ``MLSCALE_PS_STALENESS``: the bound s of variant ``ssp`` (default 2).
-- ``MLSCALE_PS_MODEL``: ``mlp`` (784-256-128-10 on flat images, the default: the
-  MLP of suite ``dp``, `parallel.models.mnist_mlp`) or ``cnn``
-  (`parallel.models.mnist_cnn`, much slower per sample).
+other W ranks workers. Settings (`SETTINGS`): the server count S (at most ranks -
+1), the staleness bound s of variant ``ssp``, and the model: ``mlp``
+(784-256-128-10 on flat images: the MLP of suite ``dp``, `parallel.models.mnist_mlp`)
+or ``cnn`` (`parallel.models.mnist_cnn`, much slower per sample).
 
 Size is the global batch in samples (at least W). Global batch t is rows
 ``t B .. t B + B - 1`` (wrapping around) of the shuffled 4,000-image training part
@@ -36,7 +33,7 @@ from typing import Optional
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.settings import env_choice, env_int
+from bench.settings import Setting, choice, integer
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -51,13 +48,11 @@ MODELS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
 
 
-def settings():
-    """Return ``(servers, staleness, model)`` from the environment; `InputError` when malformed.
-
-    Read when the case is made, so a malformed value stops a sweep before it starts.
-    """
-    model = env_choice("MLSCALE_PS_MODEL", "mlp", tuple(MODELS))
-    return env_int("MLSCALE_PS_SERVERS", 1), env_int("MLSCALE_PS_STALENESS", 2, minimum=0), model
+SETTINGS = (
+    Setting("PS_SERVERS", integer, 1, 1, "server ranks S (at most ranks - 1)"),
+    Setting("PS_STALENESS", integer, 2, 0, "staleness bound s of variant ssp"),
+    Setting("PS_MODEL", choice, "mlp", tuple(MODELS), "model (the MLP of suite dp, or the CNN)"),
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -95,12 +90,19 @@ class ParameterServer(Case):
     size_unit = "samples"
     size_help = "global batch size in samples (>= workers); one run = one global step"
     default_sizes = "64:1024"
-    metrics_help = ("items_per_s = samples/s; metric comm_share (sync) or max_staleness (async, ssp); "
-                    "env MLSCALE_PS_SERVERS, MLSCALE_PS_STALENESS, MLSCALE_PS_MODEL=mlp|cnn")
+    metrics_help = "items_per_s = samples/s; metric comm_share (sync) or max_staleness (async, ssp)"
     dtypes = ("float32", "float64")  # float32 first, as in suite dp: their default rates compare
 
-    def __init__(self):
-        self.servers, self.staleness, self.model_name = settings()
+    description = ("Parameter-server training of an MLP or CNN on the MNIST sample: server ranks hold the "
+                   "parameters sharded by key range, worker ranks pull them, compute gradients on their shard of "
+                   "the global batch and push them back, synchronously, asynchronously, or with bounded "
+                   "staleness (ssp). The check compares a synchronous step with serial SGD and counts updates "
+                   "applied beyond the staleness bound.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.servers, self.staleness, self.model_name = (self.settings[s.name] for s in SETTINGS)
 
     def check_ranks(self, ranks, variant):
         param_server.check_roles(ranks, self.servers)

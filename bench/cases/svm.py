@@ -7,7 +7,7 @@ this project's serial SMO), ``dis_smo`` (`svm.dis_smo.DisSMO`), ``cascade``
 serial variants train on rank 0 only while the other ranks wait in a sleeping
 barrier, so their rows on p ranks time one core's work (and leave the rest idle).
 
-Data: environment variable ``MLSCALE_SVM_DATA``, a name of `svm.datasets.NAMES`
+Data: setting ``SVM_DATA`` (`DATA`), a name of `svm.datasets.NAMES`
 or the path of an svmlight / LIBSVM file (default ``mnist``: the MNIST sample, odd
 vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` for sizes
 beyond a real set's training part). Size is the number of training samples (the
@@ -29,7 +29,6 @@ bytes_sent (max over ranks, convention of `svm.parallel_common`), predict_s,
 reference_accuracy, tolerance, mismatches (dis_smo).
 """
 import importlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -38,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.settings import Setting
 from bench.sweep import sleeping_barrier
 from kernels.errors import InputError
 from svm.datasets import NAMES, load_dataset
@@ -56,12 +56,15 @@ TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "d
 _references = {}  # (data, n, kind) -> reference values, on rank 0
 
 
-def data_setting():
-    """``MLSCALE_SVM_DATA`` (default ``mnist``), checked: a known name or an existing file."""
-    data = os.environ.get("MLSCALE_SVM_DATA", "mnist")
-    if data not in NAMES and not Path(data).is_file():
-        raise InputError(f"MLSCALE_SVM_DATA must be one of {', '.join(NAMES)} or an svmlight file, got {data!r}")
-    return data
+def data_source(variable, text, allowed):
+    """The data set: a name of `svm.datasets.NAMES` or an existing svmlight file."""
+    if text not in NAMES and not Path(text).is_file():
+        raise InputError(f"{variable} must be one of {', '.join(NAMES)} or an svmlight file, got {text!r}")
+    return text
+
+
+DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
+               "data set: a bundled name or an svmlight / LIBSVM file (mnist: at most 4,000 training samples)")
 
 
 def make_estimator(variant, comm):
@@ -92,14 +95,21 @@ class SVMSuite(Case):
     benchmark = "svm_train"
     variants = tuple(ESTIMATORS)
     size_unit = "samples"
-    size_help = "training samples (of MLSCALE_SVM_DATA, default mnist: at most 4,000); one run = one fit"
+    size_help = "training samples of the data set (SVM_DATA); one run = one fit"
     default_sizes = "500,1000,2000,4000"
     metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params n_sv, n_iter, "
-                    "bytes_sent, predict_s; env MLSCALE_SVM_DATA=mnist|digits|breast_cancer|synthetic|FILE")
+                    "bytes_sent, predict_s")
     dtypes = ("float64",)
 
-    def __init__(self):
-        self.data = data_setting()
+    description = ("Training a binary RBF C-SVM (C = 1, gamma = scale): scikit-learn's SVC and this project's "
+                   "serial SMO on one rank against the distributed solvers Dis-SMO, Cascade, DC-SVM, CP-SVM and "
+                   "CA-SVM. One run is one fit; the check compares the test accuracy with scikit-learn's on the "
+                   "same data, within each method's tolerance.")
+    declared_settings = (DATA,)
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.data = self.settings[DATA.name]
 
     def iterations(self, size):
         return 3, 1

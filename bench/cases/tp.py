@@ -12,10 +12,8 @@ One run is one forward and one backward pass of the block ``hidden -> ffn -> hid
 
 Both parallel variants split ``ffn`` over the ranks (any remainder; ``ffn >= p``).
 
-Settings from environment variables (recorded in params):
-
-- ``MLSCALE_TP_HIDDEN``: model width ``h`` (default 1024).
-- ``MLSCALE_TP_FFN``: inner width ``f`` (default ``4 h``).
+Settings (`SETTINGS`, recorded in params): model width ``h`` and inner width ``f``
+(default ``4 h``).
 
 Inputs ``x`` and ``dy`` (T, h) are standard normal from a seed, the same on every
 rank (each keeps its token shard in ``sequence``). Check: on every rank, the full
@@ -41,7 +39,7 @@ import numpy as np
 
 from bench.case import Case, Metrics
 from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
-from bench.settings import env_int
+from bench.settings import Setting, integer
 from kernels.errors import InputError
 from parallel.tensor_parallel import ParallelMLP, serial_mlp, token_shard
 
@@ -49,10 +47,16 @@ SEED = 2024
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 
 
-def read_settings():
-    """Block sizes from ``MLSCALE_TP_HIDDEN`` and ``MLSCALE_TP_FFN``."""
-    hidden = env_int("MLSCALE_TP_HIDDEN", 1024)
-    return dict(hidden=hidden, ffn=env_int("MLSCALE_TP_FFN", 4 * hidden))
+SETTINGS = (
+    Setting("TP_HIDDEN", integer, 1024, 1, "model width h"),
+    Setting("TP_FFN", integer, None, 1, "inner width f (default 4 h)"),
+)
+
+
+def read_settings(settings):
+    """Block sizes ``hidden`` and ``ffn`` from the suite's ``settings``."""
+    hidden = settings["TP_HIDDEN"]
+    return dict(hidden=hidden, ffn=settings["TP_FFN"] or 4 * hidden)
 
 
 class TensorParallel(Case):
@@ -60,20 +64,26 @@ class TensorParallel(Case):
     benchmark = "tensor_parallel_mlp"
     variants = ("allreduce", "sequence", "serial")
     size_unit = "tokens"
-    size_help = ("tokens T (batch x sequence; weak: per rank); one run = MLP block forward + backward; "
-                 "settings MLSCALE_TP_HIDDEN, MLSCALE_TP_FFN (see bench/cases/tp.py)")
+    size_help = "tokens T (batch x sequence; weak: per rank); one run = MLP block forward + backward"
     default_sizes = "256:4K"
     metrics_help = ("items_per_s = tokens/s; gflops = 12 T h f / s; metric comm_share (largest rank); "
                     "params: bytes sent, comm share and peak MB per rank")
 
-    def __init__(self):
-        self.settings = read_settings()
+    description = ("A Megatron-style MLP block (column-parallel then row-parallel Linear, forward and backward) "
+                   "split over the ranks: one allreduce per pass, or sequence parallelism with an allgather and a "
+                   "reduce-scatter, against the serial block on one rank. Every output and gradient element is "
+                   "checked against the serial block in the run's dtype.")
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.config = read_settings(self.settings)
 
     def check_ranks(self, ranks, variant):
         if variant == "serial" and ranks != 1:
             raise InputError(f"tp variant serial runs on one rank, not {ranks}")
-        if self.settings["ffn"] < ranks:
-            raise InputError(f"tp: ffn {self.settings['ffn']} cannot be split over {ranks} ranks")
+        if self.config["ffn"] < ranks:
+            raise InputError(f"tp: ffn {self.config['ffn']} cannot be split over {ranks} ranks")
 
     def iterations(self, size):
         return (10, 2) if size <= 2048 else (5, 1)
@@ -84,7 +94,7 @@ class TensorParallel(Case):
         if size < 1:
             raise InputError(f"tp: need at least one token, got {size}")
         self.check_ranks(comm.size, variant)
-        hidden, ffn = self.settings["hidden"], self.settings["ffn"]
+        hidden, ffn = self.config["hidden"], self.config["ffn"]
         if variant == "serial":
             model = serial_mlp(hidden, ffn, SEED, dtype)
         else:
@@ -92,7 +102,7 @@ class TensorParallel(Case):
         rng = np.random.default_rng(SEED)
         x, dy = (rng.standard_normal((size, hidden)).astype(dtype) for _ in range(2))
         tokens = token_shard(size, comm) if variant == "sequence" else slice(None)
-        return MeasuredState(comm, variant, dtype, size, dict(self.settings), model, x, dy, tokens)
+        return MeasuredState(comm, variant, dtype, size, dict(self.config), model, x, dy, tokens)
 
     def run(self, state):
         run_forward_backward(state)
