@@ -30,8 +30,9 @@ sweep: $(STAMP)
 	$(VENV)/bin/mlscale report $(RESULTS)/p2p.csv $(RESULTS)/allreduce.csv --out $(REPORT) \
 	  --model $(RESULTS)/calib.json --project 64,256,1024
 
+# -rs: say why a test was skipped (the Slurm cluster test needs Slurm: .ci/run installs it).
 test: $(STAMP)
-	$(PY) -m pytest -m "not mpi" -p no:cacheprovider -q
+	$(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs
 	for n in $(TEST_RANKS); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider || exit 1; \

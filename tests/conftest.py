@@ -1,14 +1,33 @@
-"""Shared test set-up: under MPI only rank 0 reports progress in full."""
+"""Shared test set-up: under MPI only rank 0 reports progress in full and prints the MPI banner."""
 import pytest
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
+    """On ranks other than 0: terse progress, and pytest-mpi without its end-of-run banner.
+
+    pytest-mpi's plugin (registered in its own ``pytest_configure``, which runs
+    before this one) prints an "MPI Information" section on every rank; here it is
+    swapped on the other ranks for a copy that prints nothing at the end, and
+    keeps its markers and ``min_size`` skips.
+    """
     if not config.getoption("with_mpi", default=False):
         return
     from mpi4py import MPI
 
-    if MPI.COMM_WORLD.rank > 0:
-        config.option.verbose = -2
+    if MPI.COMM_WORLD.rank == 0:
+        return
+    config.option.verbose = -2
+    from pytest_mpi import MPIPlugin
+
+    class QuietMPIPlugin(MPIPlugin):
+        def pytest_terminal_summary(self, terminalreporter, exitstatus, *args):
+            """Nothing: rank 0 prints the banner for the whole job."""
+
+    manager = config.pluginmanager
+    for plugin in [plugin for plugin in manager.get_plugins() if type(plugin) is MPIPlugin]:
+        manager.unregister(plugin)
+        manager.register(QuietMPIPlugin())
 
 
 @pytest.fixture

@@ -1,9 +1,5 @@
 """The ``blas1``, ``gemv`` and ``gemm`` suites: end to end through the command line, checks, models."""
-import csv
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,23 +11,10 @@ from bench.cases.gemm import Gemm
 from bench.cases.gemv import Gemv
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.clitools import mlscale, rows_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT = 180
 SUITES = {"blas1": "bench.cases.blas1:Blas1", "gemv": "bench.cases.gemv:Gemv", "gemm": "bench.cases.gemm:Gemm"}
 CASES = {"blas1": Blas1, "gemv": Gemv, "gemm": Gemm}
-
-
-def mlscale(*args, **environment):
-    """Run ``mlscale ARGS`` from a shell with extra environment variables; return (status, stdout, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=dict(os.environ, **environment))
-    return done.returncode, done.stdout, done.stderr
-
-
-def rows_of(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.mark.parametrize("suite, size, expected", [
