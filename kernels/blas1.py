@@ -2,14 +2,21 @@
 
 A vector of global length ``n`` on ``p`` ranks is held as one local 1D array per
 rank: rank ``r`` holds entries ``block_range(n, p, r)`` (any ``n``, blocks may be
-empty). The serial references are ``np.dot``, ``np.linalg.norm`` and ``y + a x``.
-Partial results are reduced in float64 whatever the vector dtype; results come
-back in the vectors' dtype.
+empty). The serial references are ``np.dot``, ``np.linalg.norm`` and ``y + a x``;
+each routine returns the type its reference returns. The element types are those
+of `kernels.dtypes.SUPPORTED` (float16/32/64, complex64/128, int32/64; the same
+on every rank); others raise TypeError. Local work is done in
+`kernels.dtypes.accumulator` (float16 in float32), partial scalars are reduced
+in `kernels.dtypes.reduction` (float64, complex128, or int64 so that integer
+dot products are exact, wrapping as NumPy's do).
 """
+import numbers
+
 import numpy as np
 from mpi4py import MPI
 
 from kernels.distmatrix import timed
+from kernels.dtypes import accumulator, check_dtype, norm_dtype, reduction
 from kernels.errors import InputError
 
 
@@ -17,23 +24,26 @@ def _local_vector(x, what):
     x = np.asarray(x)
     if x.ndim != 1:
         raise InputError(f"{what}: expected a 1D local vector block, got shape {x.shape}")
+    check_dtype(x.dtype, what)
     return x
 
 
 def dot(x, y, comm, timings=None):
-    """Global dot product ``x . y`` of two vectors split the same way over ``comm``.
+    """Global dot product ``x . y`` (no conjugation, as ``np.dot``) of two vectors split the same way.
 
     Parameters
     ----------
     x, y : ndarray, local shape ``(n_r,)``
-        This rank's blocks of two global vectors of length ``n``.
+        This rank's blocks of two global vectors of length ``n``, of one supported dtype.
     comm : MPI.Comm
     timings : dict, optional
         ``"comm"`` and ``"compute"`` seconds are added to it.
 
     Returns
     -------
-    scalar of the vectors' dtype, the same on every rank.
+    scalar of the vectors' dtype, the same on every rank. float16 blocks are
+    multiplied and summed in float32 (no partial sum overflows), integers summed
+    in int64 (exact, wrapping like ``np.dot``); the result is rounded once.
 
     Notes
     -----
@@ -43,13 +53,17 @@ def dot(x, y, comm, timings=None):
     """
     x, y = _local_vector(x, "dot"), _local_vector(y, "dot")
     mismatch = x.shape != y.shape or x.dtype != y.dtype
+    wide = accumulator(x.dtype)
     with timed(timings, "compute"):
-        partial = np.array([0.0 if mismatch else np.dot(x, y), float(mismatch)])
+        partial = np.zeros(2, dtype=reduction(x.dtype))
+        if not mismatch:
+            partial[0] = np.dot(x.astype(wide, copy=False), y.astype(wide, copy=False))
+        partial[1] = mismatch
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
     if partial[1]:
         raise InputError("dot: x and y blocks differ in length or dtype on some rank")
-    return x.dtype.type(partial[0])
+    return partial[:1].astype(x.dtype)[0]
 
 
 def nrm2(x, comm, timings=None):
@@ -62,14 +76,19 @@ def nrm2(x, comm, timings=None):
     Parameters
     ----------
     x : ndarray, local shape ``(n_r,)``
-        This rank's block of a global vector of length ``n``.
+        This rank's block of a global vector of length ``n``, of one supported dtype.
     comm : MPI.Comm
     timings : dict, optional
         ``"comm"`` and ``"compute"`` seconds are added to it.
 
     Returns
     -------
-    scalar of ``x``'s dtype, the same on every rank.
+    scalar of the type ``numpy.linalg.norm`` returns, the same on every rank:
+    float64 for integer vectors, float32 for complex64, float64 for complex128,
+    else ``x``'s dtype. Integers are computed in float64, float16 in float32
+    (so ``nrm2(ones(70000, float16))`` is 264.5, where a float16 sum of squares
+    would overflow), others in their own precision; the result is rounded once,
+    and is inf only when the norm itself exceeds the type's range.
 
     Notes
     -----
@@ -78,21 +97,45 @@ def nrm2(x, comm, timings=None):
     flops. NaN anywhere gives NaN on every rank, an infinite entry gives inf.
     """
     x = _local_vector(x, "nrm2")
+    result = norm_dtype(x.dtype).type
     with timed(timings, "compute"):
-        largest = np.max(np.abs(x), initial=0.0)
+        work = x.astype(np.float64 if x.dtype.kind == "i" else accumulator(x.dtype), copy=False)
+        largest = np.max(np.abs(work), initial=0.0)
         scale = np.array([0.0 if np.isnan(largest) else largest, float(np.isnan(largest))])
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, scale, op=MPI.MAX)
     if scale[1]:
-        return x.dtype.type(np.nan)
+        return result(np.nan)
     if scale[0] == 0.0 or np.isinf(scale[0]):
-        return x.dtype.type(scale[0])
+        return result(scale[0])
     with timed(timings, "compute"):
-        scaled = x / x.dtype.type(scale[0])
-        sum_of_squares = np.array([np.dot(scaled, scaled)], dtype=np.float64)
+        scaled = work / work.real.dtype.type(scale[0])
+        sum_of_squares = np.array([np.vdot(scaled, scaled).real], dtype=np.float64)
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, sum_of_squares, op=MPI.SUM)
-    return x.dtype.type(scale[0] * np.sqrt(sum_of_squares[0]))
+    return result(scale[0] * np.sqrt(sum_of_squares[0]))
+
+
+def _scalar(alpha, dtype):
+    """``alpha`` as a ``dtype`` scalar; TypeError where that would change its value.
+
+    A complex ``alpha`` with an imaginary part needs a complex ``dtype``; an
+    integer ``dtype`` needs an integral ``alpha`` within its range (as ``y + a x``
+    cannot stay integer otherwise). Floats are rounded to ``dtype``.
+    """
+    if not isinstance(alpha, numbers.Number):
+        raise TypeError(f"axpy: alpha must be a number, got {type(alpha).__name__}")
+    if dtype.kind != "c" and not isinstance(alpha, numbers.Real):
+        if alpha.imag:
+            raise TypeError(f"axpy: complex alpha {alpha!r} for a {dtype} vector")
+        alpha = alpha.real
+    if dtype.kind == "i":
+        limits = np.iinfo(dtype)
+        if not (isinstance(alpha, numbers.Integral) or float(alpha).is_integer()) \
+                or not limits.min <= int(alpha) <= limits.max:
+            raise TypeError(f"axpy: alpha {alpha!r} is not an integer that {dtype} holds")
+        alpha = int(alpha)
+    return dtype.type(alpha)
 
 
 def axpy(alpha, x, y, timings=None):
@@ -100,21 +143,32 @@ def axpy(alpha, x, y, timings=None):
 
     Parameters
     ----------
-    alpha : float
+    alpha : number
+        Rounded to ``y``'s type (float32 for float16 vectors); must be an integer
+        within range for integer vectors and real for real vectors (TypeError).
     x, y : ndarray, local shape ``(n_r,)``
-        Blocks of two global vectors split the same way; ``y`` is updated.
+        Blocks of two global vectors split the same way, of one supported dtype;
+        ``y`` is updated. float16 is computed in float32 and rounded once, so
+        ``alpha x`` may exceed 65504 when ``alpha x + y`` does not.
     timings : dict, optional
         ``"compute"`` seconds are added to it.
 
     Notes
     -----
     No communication (0 messages, 0 words): each rank updates its own block;
-    ``2 n / p`` flops. A block of the wrong length raises InputError on the
-    ranks that hold it.
+    ``2 n / p`` flops. A block of the wrong length or dtype raises InputError
+    on the ranks that hold it.
     """
     x, y = _local_vector(x, "axpy"), _local_vector(y, "axpy")
     if x.shape != y.shape:
         raise InputError(f"axpy: x and y blocks differ in length ({x.shape[0]} and {y.shape[0]})")
+    if x.dtype != y.dtype:
+        raise InputError(f"axpy: x and y blocks differ in dtype ({x.dtype} and {y.dtype})")
+    wide = accumulator(y.dtype)
+    scalar = _scalar(alpha, wide)
     with timed(timings, "compute"):
-        y += y.dtype.type(alpha) * x
+        if wide == y.dtype:
+            y += scalar * x
+        else:
+            np.add(y, scalar * x.astype(wide), out=y, dtype=wide, casting="same_kind")
     return y

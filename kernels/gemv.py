@@ -4,12 +4,20 @@
 global ranges `vector_ranges` gives for each layout. The serial reference is
 ``A @ x``. Costs are per rank with ``alpha`` per message and ``beta`` per word;
 ring-based collectives are assumed for ``Allgatherv`` and ``Reduce_scatter``.
+
+Element types: those of `kernels.dtypes.SUPPORTED` (others raise TypeError).
+``x`` travels in its own type; products and partial sums of ``y`` are formed and
+reduced in `kernels.dtypes.accumulator` (float16 in float32, through a float32
+copy of the local block) and ``y`` is rounded to A's type once, so partial sums
+beyond 65504 cannot overflow a float16 result that fits; integers are exact
+(wrapping as NumPy's ``A @ x`` does).
 """
 import numpy as np
 from mpi4py import MPI
 
 from kernels.distmatrix import DistMatrix, require_vector, timed
 from kernels.distribution import block_counts, block_offsets, block_range
+from kernels.dtypes import accumulator, check_dtype
 from kernels.errors import InputError
 
 
@@ -43,10 +51,17 @@ def _check(A, x, layout, what):
         raise InputError(f"{what}: A must be on a 2D ProcessGrid")
     if layout != "grid" and A.layout != layout:
         raise InputError(f"{what}: A must have the {layout!r} layout")
+    check_dtype(A.dtype, what)
     x_range, y_range = vector_ranges(A)
     x = require_vector(x, x_range[1] - x_range[0], A.dtype,
                        f"{what} with A of {A.shape[1]} columns")
-    return x, np.empty(y_range[1] - y_range[0], dtype=A.dtype)
+    return x, np.empty(y_range[1] - y_range[0], dtype=accumulator(A.dtype))
+
+
+def _local_product(a, x):
+    """``a @ x`` in the accumulator type of ``a``'s dtype."""
+    wide = accumulator(a.dtype)
+    return a.astype(wide, copy=False) @ x.astype(wide, copy=False)
 
 
 def _allgather(block, length, comm):
@@ -58,7 +73,6 @@ def _allgather(block, length, comm):
 
 def _reduce_scatter(partial, block, comm):
     comm.Reduce_scatter(partial, block, recvcounts=block_counts(partial.size, comm.size), op=MPI.SUM)
-    return block
 
 
 def gemv_rows(A, x, timings=None):
@@ -73,7 +87,7 @@ def gemv_rows(A, x, timings=None):
 
     Returns
     -------
-    ndarray, local ``(m_r,)``: the rows of ``y`` matching A's local rows.
+    ndarray, local ``(m_r,)``: the rows of ``y`` matching A's local rows, of A's dtype.
 
     Notes
     -----
@@ -83,8 +97,8 @@ def gemv_rows(A, x, timings=None):
     with timed(timings, "comm"):
         whole_x = _allgather(x, A.shape[1], A.comm)
     with timed(timings, "compute"):
-        np.dot(A.local, whole_x, out=y)
-    return y
+        y[...] = _local_product(A.local, whole_x)
+    return y.astype(A.dtype, copy=False)
 
 
 def gemv_cols(A, x, timings=None):
@@ -99,7 +113,7 @@ def gemv_cols(A, x, timings=None):
 
     Returns
     -------
-    ndarray, local ``(m_r,)``, ``m_r = len(block_range(m, p, r))``.
+    ndarray, local ``(m_r,)``, ``m_r = len(block_range(m, p, r))``, of A's dtype.
 
     Notes
     -----
@@ -108,9 +122,10 @@ def gemv_cols(A, x, timings=None):
     """
     x, y = _check(A, x, "cols", "gemv_cols")
     with timed(timings, "compute"):
-        partial = A.local @ x
+        partial = _local_product(A.local, x)
     with timed(timings, "comm"):
-        return _reduce_scatter(partial, y, A.comm)
+        _reduce_scatter(partial, y, A.comm)
+    return y.astype(A.dtype, copy=False)
 
 
 def gemv_2d(A, x, timings=None):
@@ -129,7 +144,7 @@ def gemv_2d(A, x, timings=None):
 
     Returns
     -------
-    ndarray, local ``(len(vector_ranges(A)[1]),)``, about ``m / p`` entries.
+    ndarray, local ``(len(vector_ranges(A)[1]),)``, about ``m / p`` entries, of A's dtype.
 
     Notes
     -----
@@ -141,6 +156,7 @@ def gemv_2d(A, x, timings=None):
     with timed(timings, "comm"):
         column_x = _allgather(x, A.local.shape[1], A.grid.col_comm)
     with timed(timings, "compute"):
-        partial = A.local @ column_x
+        partial = _local_product(A.local, column_x)
     with timed(timings, "comm"):
-        return _reduce_scatter(partial, y, A.grid.row_comm)
+        _reduce_scatter(partial, y, A.grid.row_comm)
+    return y.astype(A.dtype, copy=False)

@@ -1,4 +1,4 @@
-"""Distributed dot, nrm2 and axpy against NumPy."""
+"""Distributed dot, nrm2 and axpy against NumPy, for every supported dtype."""
 import numpy as np
 import pytest
 
@@ -6,12 +6,23 @@ from kernels.blas1 import axpy, dot, nrm2
 from kernels.distribution import block_range
 from kernels.errors import InputError
 
-LENGTHS = [0, 1, 3, 7, 10]
-DTYPES = [np.float32, np.float64]
+LENGTHS = [0, 1, 3, 7, 10]   # on 2-4 ranks: uneven blocks, empty blocks, one-element blocks
+DTYPES = [np.float16, np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64]
+REFUSED = [np.bool_, np.int8, np.uint32, np.longdouble, np.dtype(">f8"), object]
 
 
 def vector(n, dtype, seed):
-    return np.random.default_rng(seed).standard_normal(n).astype(dtype)
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-9, 10, n).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        return (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype)
+    return rng.standard_normal(n).astype(dtype)
+
+
+def exact(x):
+    """``x`` in the widest type of its kind (integers stay integers)."""
+    return x.astype({"i": np.int64, "c": np.complex128}.get(x.dtype.kind, np.float64))
 
 
 def block(global_vector, comm):
@@ -19,7 +30,8 @@ def block(global_vector, comm):
 
 
 def tolerance(dtype, n):
-    return 10 * np.finfo(dtype).eps * max(n, 1)
+    """Relative rounding allowance; integers must be exact."""
+    return 0 if np.dtype(dtype).kind == "i" else 10 * np.finfo(dtype).eps * max(n, 1)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -29,10 +41,29 @@ def test_dot_matches_numpy_on_every_rank(comm, n, dtype):
     x, y = vector(n, dtype, 1), vector(n, dtype, 2)
     timings = {}
     result = dot(block(x, comm), block(y, comm), comm, timings=timings)
-    expected = np.dot(x.astype(np.float64), y.astype(np.float64))
-    assert result.dtype == dtype and set(timings) == {"comm", "compute"}
-    assert abs(float(result) - expected) <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
-    assert comm.allgather(float(result)) == [float(result)] * comm.size
+    expected = np.dot(exact(x), exact(y))
+    assert result.dtype == np.dot(x, y).dtype == dtype and set(timings) == {"comm", "compute"}
+    assert abs(exact(np.array([result]))[0] - expected) <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
+    assert comm.allgather(result) == [result] * comm.size
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("x, y", [([6e4, 6e4, -6e4, -6e4], [1, 1, 1, 1]), ([300, 300], [300, -300])],
+                         ids=["partial_sums_beyond_65504", "products_beyond_65504"])
+def test_float16_dot_accumulates_wider_than_float16(comm, x, y):
+    # On 2 or 3 ranks a rank's partial sum (120000, or 90000) exceeds float16; the total is 0.
+    x, y = np.array(x, np.float16), np.array(y, np.float16)
+    result = dot(block(x, comm), block(y, comm), comm)
+    assert result.dtype == np.float16 and result == np.dot(x, y) == 0
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("x, y", [(np.array([2**53 + 1, 0, 0], np.int64), np.ones(3, np.int64)),
+                                  (np.full(3, 2**31 - 1, np.int32), np.ones(3, np.int32))],
+                         ids=["int64_beyond_2**53", "int32_wraps"])
+def test_integer_dot_is_exact(comm, x, y):
+    result = dot(block(x, comm), block(y, comm), comm)
+    assert result.dtype == x.dtype and result == np.dot(x, y)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -51,21 +82,51 @@ def test_dot_of_vectors_of_different_lengths_fails_on_every_rank(comm):
 def test_nrm2_matches_numpy(comm, n, dtype):
     x = vector(n, dtype, 3)
     result = nrm2(block(x, comm), comm, timings={})
-    expected = np.linalg.norm(x.astype(np.float64))
-    assert result.dtype == dtype
-    assert abs(float(result) - expected) <= tolerance(dtype, n) * (1 + expected)
+    expected = np.linalg.norm(exact(x).astype(np.complex128))
+    assert result.dtype == np.linalg.norm(x).dtype
+    assert abs(float(result) - expected) <= tolerance(result.dtype, n) * (1 + expected)
+    assert comm.allgather(result) == [result] * comm.size
+
+
+@pytest.mark.mpi(min_size=1)
+def test_float16_nrm2_sums_squares_wider_than_float16(comm):
+    # 70000 ones per rank: every rank's float16 sum of squares would overflow; the norm fits.
+    n = 70000 * comm.size
+    result = nrm2(block(np.ones(n, np.float16), comm), comm)
+    assert result.dtype == np.float16 and result == np.float16(np.sqrt(n))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_nrm2_of_integers_is_the_float64_norm(comm, dtype):
+    for values in ([3, 4, 1], [np.iinfo(dtype).min, 0, 0]):
+        x = np.array(values, dtype)
+        result = nrm2(block(x, comm), comm)
+        assert result.dtype == np.float64 and result == np.linalg.norm(x.astype(np.float64))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_nrm2_of_complex_is_real(comm):
+    x = np.array([3 + 4j, 0, 12j], np.complex64)
+    result = nrm2(block(x, comm), comm)
+    assert result.dtype == np.float32 and result == 13.0
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype, magnitude", [(np.float64, 1e200), (np.float64, 1e-200),
-                                              (np.float32, 1e30), (np.float32, 1e-30)])
+                                              (np.float32, 1e30), (np.float32, 1e-30),
+                                              (np.float16, 1e4), (np.float16, 1e-6), (np.float16, 3e4)])
 def test_nrm2_neither_overflows_nor_underflows(comm, dtype, magnitude):
     n = 7
     x = (magnitude * np.linspace(1.0, 2.0, n)).astype(dtype)
-    expected = magnitude * np.sqrt(np.sum(np.linspace(1.0, 2.0, n) ** 2))
-    result = float(nrm2(block(x, comm), comm))
-    assert np.isfinite(result) and result > 0
-    assert abs(result - expected) <= tolerance(dtype, n) * expected
+    largest = np.abs(x.astype(np.float64)).max()
+    expected = largest * np.sqrt(np.sum((x.astype(np.float64) / largest) ** 2))
+    result = nrm2(block(x, comm), comm)
+    if expected > np.finfo(dtype).max:
+        assert result == np.inf    # the norm itself is beyond the type: correctly rounded to inf
+    else:
+        assert np.isfinite(result) and result > 0
+        assert abs(float(result) - expected) <= tolerance(dtype, n) * expected
 
 
 @pytest.mark.mpi(min_size=1)
@@ -82,16 +143,44 @@ def test_nrm2_of_zeros_inf_and_nan(comm):
 @pytest.mark.parametrize("n", LENGTHS)
 def test_axpy_matches_numpy(comm, n, dtype):
     x, y = vector(n, dtype, 4), vector(n, dtype, 5)
+    alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
     local_y = block(y, comm)
-    result = axpy(2.5, block(x, comm), local_y, timings={})
-    expected = block(2.5 * x.astype(np.float64) + y, comm)
+    result = axpy(alpha, block(x, comm), local_y, timings={})
+    expected = block(alpha * exact(x) + exact(y), comm)
     assert result is local_y and result.dtype == dtype
-    close = np.allclose(result, expected, rtol=tolerance(dtype, 1), atol=tolerance(dtype, 1))
-    assert comm.allreduce(int(not close)) == 0
+    allowance = tolerance(dtype, 1) * (1 + np.abs(expected))
+    assert comm.allreduce(int(not np.all(np.abs(exact(result) - expected) <= allowance))) == 0
 
 
-def test_axpy_of_blocks_of_different_lengths_is_an_input_error():
+def test_float16_axpy_rounds_once():
+    y = axpy(2, np.array([6e4], np.float16), np.array([-6e4], np.float16))
+    assert y.dtype == np.float16 and y[0] == 6e4
+
+
+def test_integer_axpy_needs_an_integral_alpha_in_range():
+    assert list(axpy(np.float64(-2.0), np.array([5, 7]), np.array([1, 1]))) == [-9, -13]
+    for alpha in (2.5, np.nan, 2**40, 1j):
+        with pytest.raises(TypeError, match="alpha"):
+            axpy(alpha, np.ones(2, np.int32), np.ones(2, np.int32))
+    with pytest.raises(TypeError, match="complex alpha"):
+        axpy(1 + 1j, np.ones(2), np.ones(2))
+    with pytest.raises(TypeError, match="number"):
+        axpy("2", np.ones(2), np.ones(2))
+
+
+def test_axpy_of_blocks_of_different_lengths_or_dtypes_is_an_input_error():
     with pytest.raises(InputError, match="differ in length"):
         axpy(1.0, np.ones(3), np.ones(4))
+    with pytest.raises(InputError, match="differ in dtype"):
+        axpy(1.0, np.ones(3, np.float32), np.ones(3))
     with pytest.raises(InputError, match="1D"):
         axpy(1.0, np.ones((2, 2)), np.ones((2, 2)))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", REFUSED, ids=str)
+def test_unsupported_dtypes_are_refused_on_every_rank(comm, dtype):
+    x = np.ones(3, dtype)
+    for call in (lambda: dot(x, x, comm), lambda: nrm2(x, comm), lambda: axpy(1, x, x.copy())):
+        with pytest.raises(TypeError, match="not supported"):
+            call()

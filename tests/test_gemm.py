@@ -12,23 +12,38 @@ from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa, grid_25d
 
 # (m, k, n): uneven splits, 1-row / 1-column / 1-inner edges, sizes below the rank count, k = 0.
 SIZES = [(7, 9, 5), (1, 9, 5), (7, 1, 5), (7, 9, 1), (2, 3, 2), (3, 0, 2)]
-DTYPES = [np.float32, np.float64]
+DTYPES = [np.float16, np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64]
+REFUSED = [np.bool_, np.int8, np.uint32, np.longdouble]
 
 
 def operands(size, dtype):
     m, k, n = size
     rng = np.random.default_rng(11)
-    return rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    kind = np.dtype(dtype).kind
+    if kind == "i":
+        return rng.integers(-9, 10, (m, k)).astype(dtype), rng.integers(-9, 10, (k, n)).astype(dtype)
+    draw = (lambda shape: rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) if kind == "c" else (
+        rng.standard_normal)
+    return draw((m, k)).astype(dtype), draw((k, n)).astype(dtype)
 
 
 def assert_product(comm, a, b, layout, multiply):
-    """Distribute a and b, multiply, and check every rank's block of C against NumPy."""
+    """Distribute a and b, multiply, and check every rank's block of C against ``a @ b``.
+
+    Integers must match exactly; floating types within the rounding of a sum of ``k``
+    products, against ``a @ b`` computed in the widest type of their kind.
+    """
     A, B = DistMatrix.from_global(a, comm, layout), DistMatrix.from_global(b, comm, layout)
     timings = {}
     C = multiply(A, B, timings)
-    expected = (a.astype(np.float64) @ b.astype(np.float64))[C.row_slice, C.col_slice]
-    tolerance = 10 * np.finfo(a.dtype).eps * max(a.shape[1], 1) * (1 + np.abs(a).max(initial=0)) ** 2
-    error = float(np.max(np.abs(C.local - expected), initial=0.0))
+    if a.dtype.kind == "i":
+        expected, tolerance = a @ b, 0
+    else:
+        wide = np.complex128 if a.dtype.kind == "c" else np.float64
+        expected = a.astype(wide) @ b.astype(wide)
+        tolerance = 10 * np.finfo(a.dtype).eps * max(a.shape[1], 1) * (1 + np.abs(a).max(initial=0)) ** 2
+    expected = expected[C.row_slice, C.col_slice]
+    error = float(np.max(np.abs(C.local - expected), initial=0))
     assert C.shape == (a.shape[0], b.shape[1]) and C.dtype == a.dtype
     assert comm.allreduce(error, op=MPI.MAX) <= tolerance
     timing_keys_ok = set(timings) == {"comm", "compute"} or a.shape[1] == 0
@@ -96,6 +111,61 @@ def test_25d_matches_numpy_where_the_grid_exists(comm, replicas, size, dtype):
     a, b = operands(size, dtype)
     assert_product(comm, a, b, grid, lambda A, B, t: gemm_25d(A, B, timings=t))
     grid.free()
+
+
+def multiply_by_every_variant(comm):
+    """``(name, layout, multiply)`` for every GEMM variant that runs on ``comm``'s rank count.
+
+    The caller frees the layouts that are ProcessGrids.
+    """
+    variants = [(f"1d_{v}", "rows", lambda A, B, t, v=v: gemm_1d(A, B, v, timings=t)) for v in ("ring", "allgather")]
+    for dims in [(0, 0), (1, 0), (0, 1)]:
+        variants.append((f"summa_{dims}", ProcessGrid(comm, dims),
+                         lambda A, B, t: gemm_summa(A, B, panel=1, timings=t)))
+    if math.isqrt(comm.size) ** 2 == comm.size:
+        variants.append(("cannon", ProcessGrid(comm), lambda A, B, t: gemm_cannon(A, B, timings=t)))
+    for replicas in range(1, comm.size + 1):
+        layers = comm.size // replicas
+        if comm.size % replicas == 0 and math.isqrt(layers) ** 2 == layers:
+            variants.append((f"25d_{replicas}", grid_25d(comm, replicas), lambda A, B, t: gemm_25d(A, B, timings=t)))
+    return variants
+
+
+@pytest.mark.mpi(min_size=1)
+def test_integer_summa_of_the_issue(comm):
+    # Issue 15: SUMMA returned zeros for integer matrices (BLAS updated a float copy of C).
+    grid = ProcessGrid(comm)
+    a, b = np.arange(6).reshape(2, 3), np.ones((3, 2), int)
+    C = gemm_summa(DistMatrix.from_global(a, comm, grid), DistMatrix.from_global(b, comm, grid))
+    assert C.dtype == a.dtype and comm.allreduce(int(not np.array_equal(
+        C.local, np.array([[3, 3], [12, 12]])[C.row_slice, C.col_slice]))) == 0
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_float16_partial_sums_beyond_65504_cancel_in_every_variant(comm):
+    # On 2-4 ranks some rank's partial sum over its k-blocks (up to 120000) exceeds float16; C is 0.
+    a = np.array([[6e4, 6e4, -6e4, -6e4], [6e4, -6e4, 6e4, -6e4], [6e4, 6e4, -6e4, -6e4]], np.float16)
+    b = np.ones((4, 3), np.float16)
+    for name, layout, multiply in multiply_by_every_variant(comm):
+        A, B = DistMatrix.from_global(a, comm, layout), DistMatrix.from_global(b, comm, layout)
+        C = multiply(A, B, None)
+        wrong = C.dtype != np.float16 or not np.array_equal(C.local, (a @ b)[C.row_slice, C.col_slice])
+        assert comm.allreduce(int(wrong)) == 0, name
+        if isinstance(layout, ProcessGrid):
+            layout.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", REFUSED, ids=str)
+def test_unsupported_dtypes_are_refused_by_every_variant(comm, dtype):
+    for name, layout, multiply in multiply_by_every_variant(comm):
+        A = DistMatrix.zeros((3, 4), comm, layout, dtype)
+        B = DistMatrix.zeros((4, 2), comm, layout, dtype)
+        with pytest.raises(TypeError, match="not supported"):
+            multiply(A, B, None)
+        if isinstance(layout, ProcessGrid):
+            layout.free()
 
 
 @pytest.mark.mpi(min_size=1)

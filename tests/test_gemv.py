@@ -9,7 +9,7 @@ from kernels.errors import InputError
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
 
 SHAPES = [(7, 5), (1, 1), (1, 6), (6, 1), (2, 3), (5, 0)]
-DTYPES = [np.float32, np.float64]
+DTYPES = [np.float16, np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64]
 ROUTINES = {"rows": gemv_rows, "cols": gemv_cols, "grid": gemv_2d, "grid_one_row": gemv_2d,
             "grid_one_column": gemv_2d}
 GRID_DIMS = {"grid": (0, 0), "grid_one_row": (1, 0), "grid_one_column": (0, 1)}
@@ -31,7 +31,20 @@ def free(layout):
 
 def problem(shape, dtype):
     rng = np.random.default_rng(7)
-    return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
+    kind = np.dtype(dtype).kind
+    if kind == "i":
+        return rng.integers(-9, 10, shape).astype(dtype), rng.integers(-9, 10, shape[1]).astype(dtype)
+    draw = (lambda size: rng.standard_normal(size) + 1j * rng.standard_normal(size)) if kind == "c" else (
+        rng.standard_normal)
+    return draw(shape).astype(dtype), draw(shape[1]).astype(dtype)
+
+
+def expected_product(a, x):
+    """``a @ x``: exact for integers, else in the widest type of the kind."""
+    if a.dtype.kind == "i":
+        return a @ x
+    wide = np.complex128 if a.dtype.kind == "c" else np.float64
+    return a.astype(wide) @ x.astype(wide)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -44,12 +57,38 @@ def test_gemv_matches_numpy(comm, layout_name, shape, dtype):
     x_range, y_range = vector_ranges(A)
     timings = {}
     y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
-    expected = (a.astype(np.float64) @ x.astype(np.float64))[slice(*y_range)]
-    tolerance = 10 * np.finfo(dtype).eps * max(shape[1], 1) * (1 + np.abs(a).sum(axis=1).max(initial=0))
-    error = float(np.max(np.abs(y - expected), initial=0.0))
+    expected = expected_product(a, x)[slice(*y_range)]
+    scale = 1 + np.abs(a).sum(axis=1).max(initial=0) * np.abs(x).max(initial=0)
+    tolerance = 0 if a.dtype.kind == "i" else 10 * np.finfo(dtype).eps * max(shape[1], 1) * scale
+    error = float(np.max(np.abs(y - expected), initial=0))
     assert y.dtype == dtype and y.shape == expected.shape
     assert comm.allreduce(error, op=MPI.MAX) <= tolerance
     assert set(timings) == {"comm", "compute"}
+    free(layout)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_float16_partial_sums_beyond_65504_cancel(comm, layout_name):
+    # Split over 2-4 column blocks, a rank's partial sum of a row (up to 120000) exceeds float16.
+    layout = layout_of(comm, layout_name)
+    a = np.array([[6e4, 6e4, -6e4, -6e4], [6e4, -6e4, 6e4, -6e4]], np.float16)
+    x = np.ones(4, np.float16)
+    A = DistMatrix.from_global(a, comm, layout)
+    x_range, y_range = vector_ranges(A)
+    y = ROUTINES[layout_name](A, x[slice(*x_range)])
+    assert y.dtype == np.float16
+    assert comm.allreduce(int(not np.array_equal(y, (a @ x)[slice(*y_range)]))) == 0
+    free(layout)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint64, np.longdouble], ids=str)
+def test_unsupported_dtypes_are_refused_on_every_rank(comm, layout_name, dtype):
+    layout = layout_of(comm, layout_name)
+    A = DistMatrix.zeros((4, 5), comm, layout, dtype)
+    x_range, _ = vector_ranges(A)
+    with pytest.raises(TypeError, match="not supported"):
+        ROUTINES[layout_name](A, np.zeros(x_range[1] - x_range[0], dtype))
     free(layout)
 
 
