@@ -35,10 +35,15 @@ _row_lock = threading.Lock()
 
 
 def error_line(error, rank):
-    """The one line that reports ``error`` raised on ``rank``."""
+    """The one line that reports ``error`` raised on ``rank`` (`describe` after ``mlscale: error:``)."""
+    return f"mlscale: error: {describe(error, rank)}"
+
+
+def describe(error, rank):
+    """An `InputError`'s message; for any other error, the rank, the error's type and its message."""
     if isinstance(error, InputError):
-        return f"mlscale: error: {error}"
-    return f"mlscale: rank {rank}: {type(error).__name__}: {error}"
+        return str(error)
+    return f"rank {rank}: {type(error).__name__}: {error}"
 
 
 def exit_status(error):

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import List, Optional
 
+import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
-from bench.faults import abort_job, uninterrupted
+from bench.faults import abort_job, describe, uninterrupted
 from bench.provenance import mpi_library, placement
 from bench.settings import suite_settings
 from bench.timing import measure
@@ -62,6 +63,8 @@ class AgreedInputError(InputError):
 
 #: Errors raised on every rank together: the sweep ends without an abort.
 AGREED = (AgreedInputError, RankError)
+#: How long a rank whose step failed waits for the others to hear of it before it aborts the job.
+AGREE_GRACE_SECONDS = 10.0
 
 
 def agree(comm, function, *args):
@@ -69,17 +72,32 @@ def agree(comm, function, *args):
 
     The error raised everywhere is the lowest failing rank's: an `AgreedInputError`
     with its message when it was an `InputError`, else a `RankError` naming the
-    rank and the error. Costs one allgather of a small object.
+    rank and the error. A failing rank cannot know whether the others will get
+    here: they may wait in a collective of ``function`` that it left. It waits
+    `AGREE_GRACE_SECONDS` for them, then ends the job with the same line and
+    status (`bench.faults.abort_job`).
+
+    Communication: one ``Iallreduce`` of an int; on failure one allgather of the
+    messages.
     """
+    result, caught, failure = None, None, None
     try:
-        result, failure = function(*args), None
-    except InputError as error:
-        result, failure = None, ("input", str(error))
+        result = function(*args)
     except Exception as error:  # noqa: BLE001 - reported on every rank below
-        result, failure = None, ("rank", f"rank {comm.rank}: {type(error).__name__}: {error}")
-    failures = [f for f in comm.allgather(failure) if f]
-    if failures:
-        raise _agreed_error(failures[0])
+        caught = error
+        failure = ("input", str(error)) if isinstance(error, InputError) else ("rank", describe(error, comm.rank))
+    flag, failed = np.array([failure is not None], dtype=np.intc), np.zeros(1, dtype=np.intc)
+    request = comm.Iallreduce(flag, failed, op=MPI.SUM)
+    if failure is None:
+        request.Wait()
+    else:
+        deadline = time.monotonic() + AGREE_GRACE_SECONDS
+        while not request.Test():
+            if time.monotonic() > deadline:
+                abort_job(caught)
+            time.sleep(1e-3)
+    if failed[0]:
+        raise _agreed_error(next(f for f in comm.allgather(failure) if f))
     return result
 
 

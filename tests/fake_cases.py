@@ -88,3 +88,22 @@ class TeardownFailsOnLastRank(_Tiny):
 
 class NotACase:
     """Named as a suite, but not a `bench.case.Case`."""
+
+
+class CheckFailsBeforeACollective(_Tiny):
+    """Rank 1 raises in check while the others go on into a collective of the check (as svm's does)."""
+
+    def check(self, comm):
+        if comm.rank == 1:
+            raise InputError("cannot evaluate on purpose")
+        comm.Barrier()
+        return 0
+
+
+class SetupFailsBeforeASplit(_Tiny):
+    """The last rank fails in setup while the others build a sub-communicator."""
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if comm.rank == comm.size - 1:
+            raise ValueError("setup on purpose")
+        return comm.Split(0, comm.rank)

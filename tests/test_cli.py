@@ -87,7 +87,7 @@ def test_a_rank_that_raises_aborts_the_job_with_one_line(tmp_path):
     path = str(tmp_path / "x.csv")
     status, _, err = mlscale_under_mpi(3, "tests.fake_cases:RaisesOnRankOne", "--csv", path)
     assert status != 0
-    assert "mlscale: rank 1: RuntimeError: boom on purpose" in err
+    assert err.strip() == "mlscale: error: rank 1: RuntimeError: boom on purpose"
     assert len(rows_of(path)) == 0
 
 

@@ -19,10 +19,12 @@ def mlscale_lines(err):
 
 @pytest.mark.parametrize("case, status, line", [
     ("InputErrorInRunOnRankOne", 2, "mlscale: error: one class only on purpose"),
-    ("RaisesOnRankOne", 1, "mlscale: rank 1: RuntimeError: boom on purpose"),
+    ("RaisesOnRankOne", 1, "mlscale: error: rank 1: RuntimeError: boom on purpose"),
     ("InputErrorInCheckOnRankOne", 2, "mlscale: error: NaN feature on purpose"),
     ("CheckRaisesOnLastRank", 1, "mlscale: error: rank 2: ZeroDivisionError: check on purpose"),
     ("TeardownFailsOnLastRank", 1, "mlscale: error: rank 2: RuntimeError: teardown on purpose"),
+    ("CheckFailsBeforeACollective", 2, "mlscale: error: cannot evaluate on purpose"),
+    ("SetupFailsBeforeASplit", 1, "mlscale: error: rank 2: ValueError: setup on purpose"),
 ])
 def test_an_error_on_one_rank_ends_every_rank_with_one_line(case, status, line, tmp_path):
     path = str(tmp_path / "x.csv")
@@ -41,7 +43,7 @@ def test_debug_prints_the_traceback_and_still_aborts(tmp_path):
     code, _, err = mlscale("run", "tests.fake_cases:RaisesOnRankOne", "--csv", str(tmp_path / "x.csv"), ranks=2,
                            timeout=PROMPT, MLSCALE_DEBUG="1")
     assert code == 1
-    assert mlscale_lines(err) == ["mlscale: rank 1: RuntimeError: boom on purpose"]
+    assert mlscale_lines(err) == ["mlscale: error: rank 1: RuntimeError: boom on purpose"]
     assert "Traceback (most recent call last)" in err and 'raise RuntimeError("boom on purpose")' in err
 
 
