@@ -255,5 +255,5 @@ def _prepare(sub, case, config, backend, variant, size):
 def _conclude(case, state, problem, timing, check):
     """This rank's wrong elements (None unchecked), the point's metrics and params."""
     wrong = case.check(state) if check else None
-    params = dict(case.params(state), problem_size=problem, repeats=timing.repeats)
-    return wrong, case.metrics(state, timing.t_med), params
+    metrics = case.metrics(state, timing.t_med)  # before params: cases may gather figures there
+    return wrong, metrics, dict(case.params(state), problem_size=problem, repeats=timing.repeats)
