@@ -1,23 +1,25 @@
 """The command line: ``mlscale list | run | sweep | report``.
 
 Exit status: 0 every point measured and valid; 1 a check failed or a rank
-failed; 2 bad usage or input. Errors are one line on stderr from rank 0 (an
-unexpected error on one rank: one line from that rank, then MPI_Abort; set
-MLSCALE_DEBUG=1 for the traceback).
+failed; 2 bad usage or input; 128 + N after signal N (130 for Ctrl-C); 141 when
+the reader of stdout went away (``mlscale list | head -1``). Errors are one line
+on stderr: from rank 0 when every rank raised it, else from the failing rank,
+which then ends the job with MPI_Abort (`bench.faults`); MLSCALE_DEBUG=1 adds
+the traceback.
 """
 import argparse
 import os
+import signal
 import sys
 import textwrap
 
+from bench.faults import EXIT_OK, EXIT_USAGE, EXIT_WRONG, abort_job, error_line, stop_on_signals, world_rank
 from bench.options import add_measure_options, make_config
 from bench.registry import SUITES, case_class
 from bench.settings import canonical
 from bench.slurm import add_slurm_options, command_slurm
 from bench.units import parse_ranks
 from kernels.errors import InputError
-
-EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = _Parser(prog="mlscale", description="Measure how parallel ML algorithms scale with MPI.")
+    parser.add_argument("--version", action="version", version=f"mlscale {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     listing = commands.add_parser("list", help="suites, variants, what size means, metrics")
     listing.add_argument("suite", nargs="?")
@@ -52,6 +55,23 @@ def build_parser():
     add_measure_options(slurm)
     add_slurm_options(slurm)
     return parser
+
+
+def _version():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlscale")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _mpi_world():
+    """``COMM_WORLD`` of the running job, with SIGINT / SIGTERM set to end every rank (`stop_on_signals`)."""
+    from mpi4py import MPI
+
+    stop_on_signals()
+    return MPI.COMM_WORLD
 
 
 def command_list(args, out):
@@ -88,12 +108,10 @@ def command_list(args, out):
 
 
 def command_run(args, out, err):
-    from mpi4py import MPI
-
     from bench.sweep import RankError, run_sweep
     from bench.table import format_header, format_row
 
-    comm = MPI.COMM_WORLD
+    comm = _mpi_world()
     say = out if comm.rank == 0 else (lambda line: None)
     say_error = err if comm.rank == 0 else (lambda line: None)
     case, config = make_config(args, comm.size)
@@ -174,11 +192,9 @@ def command_calibrate(args, argv, out):
         return run_under_mpi(2, args.launcher, forwarded)
     import json
 
-    from mpi4py import MPI
-
     from bench.model import calibrate
 
-    comm = MPI.COMM_WORLD
+    comm = _mpi_world()
     constants = calibrate(comm)
     if comm.rank == 0:
         try:
@@ -197,7 +213,6 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     out = _line_writer(sys.stdout)
     err = _line_writer(sys.stderr)
-    rank = _world_rank()
     try:
         args = build_parser().parse_args(argv)
         if args.command == "list":
@@ -211,16 +226,19 @@ def main(argv=None):
         if args.command == "slurm":
             return command_slurm(args, argv, out)
         return command_run(args, out, err)
-    except InputError as error:
-        if rank == 0:
-            err(f"mlscale: error: {error}")
+    except InputError as error:  # raised on every rank: options are the same, the sweep agrees on errors
+        if world_rank() == 0:
+            err(error_line(error, 0))
         return EXIT_USAGE
-    except Exception as error:  # noqa: BLE001 - one line, then abort every rank
-        err(f"mlscale: rank {rank}: {type(error).__name__}: {error}")
-        if os.environ.get("MLSCALE_DEBUG"):
-            raise
-        _abort_job(EXIT_WRONG)
-        return EXIT_WRONG
+    except BrokenPipeError:  # the reader of stdout went away (`mlscale list | head -1`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C outside an MPI job (inside one, `stop_on_signals` ends it)
+        if world_rank() == 0:
+            err("mlscale: interrupted by SIGINT")
+        return 128 + signal.SIGINT
+    except Exception as error:  # noqa: BLE001 - maybe on this rank alone: one line, then abort every rank
+        return abort_job(error)
 
 
 def _line_writer(stream):
@@ -229,20 +247,6 @@ def _line_writer(stream):
         stream.flush()
 
     return write
-
-
-def _world_rank():
-    """This process's rank when MPI is already running (``mlscale run``), else 0."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized():
-        return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    return mpi.COMM_WORLD.rank
-
-
-def _abort_job(status):
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.size > 1:
-        mpi.COMM_WORLD.Abort(status)
 
 
 if __name__ == "__main__":

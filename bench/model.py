@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
+from bench.provenance import mpi_library
 from kernels.errors import InputError
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
@@ -75,7 +76,7 @@ def calibrate(comm):
             beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
             with threadpool_limits(limits=1):
                 result = dict(alpha_s=times[0], beta_s_per_byte=beta, **_local_rates())
-            result.update(mpi_library=" ".join(MPI.Get_library_version().splitlines()[0].split()),
+            result.update(mpi_library=mpi_library(),
                           host=socket.gethostname(),
                           timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         pair.Free()

@@ -1,6 +1,7 @@
 """Suites by name. Cases are imported only when used, so optional libraries stay optional."""
 import importlib
 
+from bench.case import Case
 from kernels.errors import InputError
 
 SUITES = {
@@ -26,16 +27,20 @@ def case_class(name):
 
     ``name`` is a suite of `SUITES`, or ``package.module:Class`` for a case of your
     own (a `bench.case.Case` subclass importable from the current environment).
-    Raises `InputError` for an unknown suite or a spec that does not import.
+    Raises `InputError` for an unknown suite, a spec that does not import or
+    names something other than a `Case` subclass.
     """
     spec = SUITES.get(name, name)
     module_name, _, class_name = spec.partition(":")
     if not class_name:
         raise InputError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (or give module:Class)")
     try:
-        return getattr(importlib.import_module(module_name), class_name)
+        found = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
         raise InputError(f"cannot load suite {name!r}: {error}") from None
+    if not (isinstance(found, type) and issubclass(found, Case)):
+        raise InputError(f"suite {name!r} is not a bench.case.Case subclass (see bench/case.py)")
+    return found
 
 
 def get_case(name, settings=None):

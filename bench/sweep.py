@@ -3,6 +3,11 @@
 Each rank count runs on a sub-communicator of the job's first ranks, so one
 launch (one Slurm job) measures every count; ranks left out wait in a sleeping
 barrier so that they do not steal cores from the ranks being measured.
+
+No error is assumed to happen on every rank: the steps where a rank can fail
+alone outside timed work (setup, check, metrics, teardown, writing a row) run
+through `agree`, and any other error (inside timed work, where the other ranks
+wait in a collective) aborts the job (`bench.faults.abort_job`).
 """
 import os
 import socket
@@ -11,11 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import List, Optional
 
+import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
+from bench.faults import abort_job, describe, uninterrupted
+from bench.provenance import mpi_library, placement
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
@@ -48,24 +56,53 @@ class RankError(RuntimeError):
     """An error raised on some rank and made known to every rank by `agree`."""
 
 
+class AgreedInputError(InputError):
+    """An `InputError` raised on some rank and made known to every rank by `agree`."""
+
+
+#: Errors raised on every rank together: the sweep ends without an abort.
+AGREED = (AgreedInputError, RankError)
+#: How long a rank whose step failed waits for the others to hear of it before it aborts the job.
+AGREE_GRACE_SECONDS = 10.0
+
+
 def agree(comm, function, *args):
     """Call ``function(*args)`` on every rank; if any rank raises, raise on all ranks.
 
-    The error raised everywhere is the lowest failing rank's: an `InputError` with
-    its message when it was one, else a `RankError` naming the rank and the error.
-    Costs one allgather of a small object.
+    The error raised everywhere is the lowest failing rank's: an `AgreedInputError`
+    with its message when it was an `InputError`, else a `RankError` naming the
+    rank and the error. A failing rank cannot know whether the others will get
+    here: they may wait in a collective of ``function`` that it left. It waits
+    `AGREE_GRACE_SECONDS` for them, then ends the job with the same line and
+    status (`bench.faults.abort_job`).
+
+    Communication: one ``Iallreduce`` of an int; on failure one allgather of the
+    messages.
     """
+    result, caught, failure = None, None, None
     try:
-        result, failure = function(*args), None
-    except InputError as error:
-        result, failure = None, ("input", str(error))
+        result = function(*args)
     except Exception as error:  # noqa: BLE001 - reported on every rank below
-        result, failure = None, ("rank", f"rank {comm.rank}: {type(error).__name__}: {error}")
-    failures = [f for f in comm.allgather(failure) if f]
-    if failures:
-        kind, message = failures[0]
-        raise InputError(message) if kind == "input" else RankError(message)
+        caught = error
+        failure = ("input", str(error)) if isinstance(error, InputError) else ("rank", describe(error, comm.rank))
+    flag, failed = np.array([failure is not None], dtype=np.intc), np.zeros(1, dtype=np.intc)
+    request = comm.Iallreduce(flag, failed, op=MPI.SUM)
+    if failure is None:
+        request.Wait()
+    else:
+        deadline = time.monotonic() + AGREE_GRACE_SECONDS
+        while not request.Test():
+            if time.monotonic() > deadline:
+                abort_job(caught)
+            time.sleep(1e-3)
+    if failed[0]:
+        raise _agreed_error(next(f for f in comm.allgather(failure) if f))
     return result
+
+
+def _agreed_error(failure):
+    kind, message = failure
+    return AgreedInputError(message) if kind == "input" else RankError(message)
 
 
 def plan_points(case, config):
@@ -105,20 +142,13 @@ def sleeping_barrier(comm, interval=1e-3):
         time.sleep(interval)
 
 
-def _threads_for(sub, requested):
-    if requested:
-        return requested
-    node = sub.Split_type(MPI.COMM_TYPE_SHARED)
-    per_node = node.size
-    node.Free()
-    return max(1, (os.cpu_count() or 1) // per_node)
-
-
 def run_sweep(comm, case, config, emit):
     """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``.
 
     Returns the total number of wrong elements found by the checks (0 when all
     points are valid or checks are off). Every rank of ``comm`` must call this.
+    Raises an `AGREED` error on every rank together, or aborts the job when a rank
+    fails alone (see the module's docstring).
     """
     config.variants = parse_variants(case, ",".join(config.variants))
     plan = plan_points(case, config)
@@ -127,12 +157,12 @@ def run_sweep(comm, case, config, emit):
         try:
             results = ResultsFile(config.csv_path)
         except InputError as failure:
-            error = str(failure)
+            error = ("input", str(failure))
     error = comm.bcast(error, root=0)
     if error:
-        raise InputError(error)
+        raise _agreed_error(error)
     backend = agree(comm, get_backend, config.backend, comm)
-    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    library = mpi_library()
     wrong_total = 0
     for ranks in sorted({r for r, _ in plan}):
         sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
@@ -141,16 +171,18 @@ def run_sweep(comm, case, config, emit):
             try:
                 wrong_total += _measure_rank_count(sub, case, config, backend, results, library,
                                                    [v for r, v in plan if r == ranks], emit)
-            except (InputError, RankError) as error:  # raised on every rank of sub (see agree)
-                failure = (type(error), str(error))
-            finally:
-                sub.Free()
+            except AGREED as error:  # raised on every rank of sub
+                failure = ("input" if isinstance(error, InputError) else "rank", str(error))
+            except Exception as error:  # noqa: BLE001 - this rank alone: the others wait in a collective
+                abort_job(error)
+                raise
+            sub.Free()
         sleeping_barrier(comm)
         failure = comm.bcast(failure, root=0)  # rank 0 is in every sub-communicator
         if failure:
             if results is not None:
                 results.close()
-            raise failure[0](failure[1])
+            raise _agreed_error(failure)
     if results is not None:
         results.close()
     return wrong_total
@@ -158,15 +190,17 @@ def run_sweep(comm, case, config, emit):
 
 def _measure_rank_count(sub, case, config, backend, results, library, variants, emit):
     """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found."""
-    threads = _threads_for(sub, config.threads)
-    nodes = len(set(sub.allgather(socket.gethostname())))
-    settings = case.settings.column()
+    where = placement(sub)
+    if where.note and where.note not in config.skipped:
+        config.skipped.append(where.note)
+    threads = config.threads or max(1, (os.cpu_count() or 1) // where.ranks_here)
+    settings = agree(sub, case.settings.column)
     wrong_total = 0
     for variant in variants:
         for size in config.sizes:
             base = dict(
                 suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
-                dtype=config.dtype, ranks=sub.size, nodes=nodes, threads=threads,
+                dtype=config.dtype, ranks=sub.size, nodes=where.nodes, threads=threads,
                 scaling=config.scaling, size=size, size_unit=case.size_unit, settings=settings,
             )
             if sub.bcast(results is not None and point_key(base) in results.done, root=0):
@@ -174,34 +208,51 @@ def _measure_rank_count(sub, case, config, backend, results, library, variants, 
             with threadpool_limits(limits=threads):
                 row = _measure_point(sub, case, config, backend, variant, size)
             wrong_total += row["wrong"] or 0
-            if sub.rank == 0:
-                row.update(base, mpi_library=library, host=socket.gethostname(),
-                           timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            agree(sub, _record, results, row, emit)  # a failed write (rank 0) stops every rank
+            row.update(base, mpi_library=library, host=socket.gethostname())
+            agree(sub, _record, results, row, emit)
     return wrong_total
 
 
 def _record(results, row, emit):
-    """On rank 0 (the one holding ``results``): append the row, then show it."""
-    if results is not None:
+    """On rank 0 (which holds ``results``): append ``row`` whole, then show it."""
+    if results is None:
+        return
+    row["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with uninterrupted():
         results.append(row)
-        emit(row)
+    emit(row)
 
 
 def _measure_point(sub, case, config, backend, variant, size):
-    problem = case.problem_size(size, sub.size, config.scaling)
-    default_iters, default_warmup = case.iterations(problem)
-    iters = config.iters or default_iters
-    warmup = default_warmup if config.warmup is None else config.warmup
-    state = agree(sub, case.setup, sub, problem, variant, backend, config.dtype)
+    """Set up, time, check and tear down one point on every rank of ``sub``; return its row.
+
+    Set-up, check, metrics and teardown go through `agree`; an error inside the
+    timed work reaches `run_sweep`, which aborts the job.
+    """
+    problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
-    wrong = sub.allreduce(case.check(state)) if config.check else None
-    metrics = case.metrics(state, timing.t_med)
-    params = dict(case.params(state), problem_size=problem, repeats=timing.repeats)
-    case.teardown(state)
+    wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
+    wrong = sub.allreduce(wrong) if config.check else None
+    agree(sub, case.teardown, state)
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
         items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
         wrong=wrong, params=params, size_label=format_size(size),
     )
+
+
+def _prepare(sub, case, config, backend, variant, size):
+    """The point's problem size, iterations, warm-up runs and the state `case.setup` builds."""
+    problem = case.problem_size(size, sub.size, config.scaling)
+    default_iters, default_warmup = case.iterations(problem)
+    iters = config.iters or default_iters
+    warmup = default_warmup if config.warmup is None else config.warmup
+    return problem, iters, warmup, case.setup(sub, problem, variant, backend, config.dtype)
+
+
+def _conclude(case, state, problem, timing, check):
+    """This rank's wrong elements (None unchecked), the point's metrics and params."""
+    wrong = case.check(state) if check else None
+    metrics = case.metrics(state, timing.t_med)  # before params: cases may gather figures there
+    return wrong, metrics, dict(case.params(state), problem_size=problem, repeats=timing.repeats)

@@ -46,6 +46,14 @@ def measure(comm, run, iters, warmup, synchronize=None):
         Timed iterations (>= 1) and untimed warm-up runs (>= 0).
     synchronize : callable, optional
         Called after each sample's runs, inside the timed region (device streams).
+
+    Notes
+    -----
+    Every rank makes the same collective calls in the same order (``repeats`` is
+    agreed by an allreduce), so no rank can wait for another that left the loop.
+    An error raised by ``run`` on one rank leaves the others in a collective,
+    with no point where they could hear of it: the caller must end the job
+    (`bench.sweep` aborts it).
     """
     synchronize = synchronize or (lambda: None)
     for _ in range(warmup):

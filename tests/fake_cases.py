@@ -1,5 +1,6 @@
 """Small cases that misbehave on purpose, loaded by the CLI tests as ``tests.fake_cases:NAME``."""
 from bench.case import Case, Metrics
+from kernels.errors import InputError
 
 
 class _Tiny(Case):
@@ -48,3 +49,61 @@ class AlwaysWrong(_Tiny):
 
     def check(self, comm):
         return 1
+
+
+class InputErrorInRunOnRankOne(_Tiny):
+    """Rank 1 finds its input unusable inside the timed work (as a one-class svmlight file would)."""
+
+    def run(self, comm):
+        if comm.rank == 1:
+            raise InputError("one class only on purpose")
+        comm.Barrier()
+
+
+class InputErrorInCheckOnRankOne(_Tiny):
+    """Rank 1 refuses its input while checking (a NaN feature, say); the others check fine."""
+
+    def check(self, comm):
+        if comm.rank == 1:
+            raise InputError("NaN feature on purpose")
+        return 0
+
+
+class CheckRaisesOnLastRank(_Tiny):
+    """The last rank's check fails unexpectedly."""
+
+    def check(self, comm):
+        if comm.rank == comm.size - 1:
+            raise ZeroDivisionError("check on purpose")
+        return 0
+
+
+class TeardownFailsOnLastRank(_Tiny):
+    """The last rank cannot release its state."""
+
+    def teardown(self, comm):
+        if comm.rank == comm.size - 1:
+            raise RuntimeError("teardown on purpose")
+
+
+class NotACase:
+    """Named as a suite, but not a `bench.case.Case`."""
+
+
+class CheckFailsBeforeACollective(_Tiny):
+    """Rank 1 raises in check while the others go on into a collective of the check (as svm's does)."""
+
+    def check(self, comm):
+        if comm.rank == 1:
+            raise InputError("cannot evaluate on purpose")
+        comm.Barrier()
+        return 0
+
+
+class SetupFailsBeforeASplit(_Tiny):
+    """The last rank fails in setup while the others build a sub-communicator."""
+
+    def setup(self, comm, size, variant, backend, dtype):
+        if comm.rank == comm.size - 1:
+            raise ValueError("setup on purpose")
+        return comm.Split(0, comm.rank)

@@ -1,8 +1,10 @@
 """The command line end to end, as a user runs it: exit codes, one-line errors, resumable CSV."""
+import os
+import subprocess
+
 import pytest
 
-from tests.clitools import mlscale, rows_of
-
+from tests.clitools import ROOT, command, mlscale, rows_of
 
 
 def mlscale_under_mpi(ranks, *args):
@@ -61,6 +63,8 @@ def test_weak_scaling_and_p2p_rows(tmp_path):
     (["run", "allreduce", "--csv", "/proc/no/such/dir/x.csv"], "cannot write results"),
     (["report", "/no/such.csv"], "no such results file"),
     (["bogus-command"], "invalid choice"),
+    (["run", "tests.fake_cases:NotACase"], "'tests.fake_cases:NotACase' is not a bench.case.Case subclass"),
+    (["run", "os:path"], "'os:path' is not a bench.case.Case subclass"),
 ])
 def test_bad_input_is_one_line_and_status_2(args, message, tmp_path):
     if args[0] == "run" and "--csv" not in args:
@@ -83,7 +87,7 @@ def test_a_rank_that_raises_aborts_the_job_with_one_line(tmp_path):
     path = str(tmp_path / "x.csv")
     status, _, err = mlscale_under_mpi(3, "tests.fake_cases:RaisesOnRankOne", "--csv", path)
     assert status != 0
-    assert "mlscale: rank 1: RuntimeError: boom on purpose" in err
+    assert err.strip() == "mlscale: error: rank 1: RuntimeError: boom on purpose"
     assert len(rows_of(path)) == 0
 
 
@@ -147,3 +151,50 @@ def test_a_named_variant_is_skipped_where_it_cannot_run(tmp_path):
     assert status == 0, err
     assert [row["ranks"] for row in rows_of(path)] == ["2"]
     assert "# skipped latency on 1 ranks" in out and "# skipped latency on 3 ranks" in out
+
+
+def test_list_into_a_closed_pipe_ends_quietly():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `mlscale list | head -1` once head has exited
+    done = subprocess.run(command("list"), cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+    os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_version():
+    status, out, err = mlscale("--version")
+    assert status == 0 and out.startswith("mlscale ") and err == ""
+
+
+def test_an_mlscale_mpiexec_that_does_not_exist_is_named_in_one_line():
+    status, _, err = mlscale("sweep", "allreduce", "--np", "2", MLSCALE_MPIEXEC="/no/such/mpiexec")
+    assert (status, err) == (2, "mlscale: error: MLSCALE_MPIEXEC=/no/such/mpiexec: no such executable\n")
+
+
+FAKE_OPEN_MPI = """#!/bin/sh
+if [ "$1" = --version ]; then echo "mpiexec (Open MPI) 5.0.3"; else echo "started $1 $2"; fi
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Open MPI's refusal concerns root only")
+def test_open_mpi_as_root_is_explained_in_one_line_unless_allowed(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text(FAKE_OPEN_MPI)
+    fake.chmod(0o755)
+    environment = {name: "" for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")}
+    status, _, err = mlscale("sweep", "allreduce", "--np", "2", MLSCALE_MPIEXEC=str(fake), **environment)
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "is Open MPI, which refuses to run as root" in err
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in err
+    environment = dict.fromkeys(environment, "1")
+    status, out, err = mlscale("sweep", "allreduce", "--np", "2", MLSCALE_MPIEXEC=str(fake), **environment)
+    assert (status, out, err) == (0, "started -n 2\n", "")
+
+
+def test_nodes_are_counted_by_shared_memory_not_host_names(tmp_path):
+    path = str(tmp_path / "a.csv")
+    status, _, err = mlscale("sweep", "allreduce", "--np", "3", "--ranks", "1,3", "--variants", "mpi", "--sizes", "8",
+                             "--iters", "2", "--csv", path, MPIR_CVAR_NUM_CLIQUES="2")  # MPICH: two nodes on one host
+    assert status == 0, err
+    assert [(row["ranks"], row["nodes"]) for row in rows_of(path)] == [("1", "1"), ("3", "2")]

@@ -2,6 +2,8 @@
 import pytest
 from mpi4py import MPI
 
+from bench.model import calibrate
+from bench.provenance import mpi_library, placement
 from bench.sweep import RankError, agree
 from bench.timing import measure
 from kernels.errors import InputError
@@ -40,3 +42,38 @@ def test_agree_raises_on_every_rank_when_one_fails(comm, error, kind):
     assert comm.allreduce(1, op=MPI.SUM) == comm.size
     if kind is RankError:
         assert str(caught.value).startswith(f"rank {comm.size - 1}: KeyError")
+
+
+OPEN_MPI_VERSION = "Open MPI v5.0.3, package: Open MPI root@host Distribution, ident: 5.0.3, Mar 29, 2024\x00"
+
+
+def test_the_mpi_library_has_no_nul_byte(monkeypatch):
+    monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
+    assert mpi_library() == OPEN_MPI_VERSION[:-1]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calibrate_records_the_mpi_library_without_nul(comm, monkeypatch):
+    monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
+    assert calibrate(comm)["mpi_library"] == OPEN_MPI_VERSION[:-1]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_placement_counts_shared_memory_nodes(comm, monkeypatch):
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    expected = comm.allreduce(int(node.rank == 0)), node.size
+    node.Free()
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    where = placement(comm)
+    assert (where.nodes, where.ranks_here, where.note) == (*expected, None)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_placement_notes_when_slurm_names_other_nodes(comm, monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", f"n{comm.rank}")
+    where = placement(comm)
+    assert (where.note is None) == (where.nodes == comm.size)
+    assert where.note is None or f"but Slurm names {comm.size} (SLURMD_NODENAME)" in where.note
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    same = placement(comm)
+    assert (same.note is None) == (same.nodes == 1)

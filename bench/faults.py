@@ -1,0 +1,154 @@
+"""How a job ends when one rank fails or a signal arrives: one line, a non-zero status, every rank stops.
+
+- An error raised on every rank together (bad options, or an error made known to
+  every rank by `bench.sweep.agree`) ends the command normally: rank 0 prints one
+  line.
+- An error on one rank alone that the others cannot hear of (inside timed work
+  they wait in a collective) ends the job with `abort_job`: that rank prints one
+  line (and the traceback with ``MLSCALE_DEBUG=1``), then calls ``MPI_Abort``.
+- SIGINT and SIGTERM (Ctrl-C, ``scancel``, ``mpiexec`` forwarding them): after
+  `stop_on_signals`, a watcher thread ends the job with ``MPI_Abort(128 + signal)``
+  even while the main thread is blocked inside MPI, once a CSV row being written
+  (`uninterrupted`) is complete.
+
+Exit status: 1 for an unexpected error, 2 for an `InputError`, 128 + N for signal N.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from kernels.errors import InputError
+
+EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: A rank other than 0 that gets a signal leaves rank 0 this long to end the job
+#: (and print the line) before it ends the job itself; mpiexec and srun signal
+#: every rank, so rank 0 normally ends it at once.
+PEER_GRACE_SECONDS = 5.0
+#: How long the watcher waits for a CSV row being written before it aborts anyway.
+ROW_WAIT_SECONDS = 30.0
+
+_row_lock = threading.Lock()
+
+
+def error_line(error, rank):
+    """The one line that reports ``error`` raised on ``rank`` (`describe` after ``mlscale: error:``)."""
+    return f"mlscale: error: {describe(error, rank)}"
+
+
+def describe(error, rank):
+    """An `InputError`'s message; for any other error, the rank, the error's type and its message."""
+    if isinstance(error, InputError):
+        return str(error)
+    return f"rank {rank}: {type(error).__name__}: {error}"
+
+
+def exit_status(error):
+    """`EXIT_USAGE` for an `InputError`, else `EXIT_WRONG`."""
+    return EXIT_USAGE if isinstance(error, InputError) else EXIT_WRONG
+
+
+def debugging():
+    """Whether ``MLSCALE_DEBUG`` asks for tracebacks."""
+    return os.environ.get("MLSCALE_DEBUG", "") not in ("", "0")
+
+
+def world_rank():
+    """This process's rank in the MPI job (0 outside one, or before MPI starts)."""
+    world = _world()
+    if world is not None:
+        return world.rank
+    return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+
+
+def abort_job(error):
+    """Report ``error`` of this rank alone in one line and end every rank of the job.
+
+    Under ``MLSCALE_DEBUG`` the traceback follows the line. When MPI runs, this
+    calls ``MPI_Abort`` on ``COMM_WORLD`` with `exit_status` and never returns;
+    otherwise it returns the exit status.
+    """
+    _write(error_line(error, world_rank()))
+    if debugging():
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    return _end_job(exit_status(error))
+
+
+def stop_on_signals():
+    """From now on SIGINT and SIGTERM end the whole MPI job within seconds.
+
+    A Python signal handler runs only between byte codes of the main thread, never
+    while it is blocked inside MPI, so the handlers do nothing but wake a watcher
+    thread (`signal.set_wakeup_fd`). The watcher of rank 0 prints one line and calls
+    ``MPI_Abort(128 + signal)``; other ranks leave rank 0 `PEER_GRACE_SECONDS` to
+    do so first. A CSV row being written (`uninterrupted`) is finished first.
+    Call it once, from the main thread, after MPI is initialised.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    for signum in SIGNALS:
+        signal.signal(signum, _wake_only)
+    threading.Thread(target=_watch, args=(read_fd,), name="mlscale-signals", daemon=True).start()
+
+
+class uninterrupted:
+    """Context manager: work a signal must not cut in half (appending a CSV row)."""
+
+    def __enter__(self):
+        _row_lock.acquire()
+
+    def __exit__(self, *exc):
+        _row_lock.release()
+
+
+def _wake_only(signum, frame):
+    """The Python-level handler: the watcher thread, woken by the C-level handler, does the work."""
+
+
+def _watch(read_fd):
+    while True:
+        signum = os.read(read_fd, 1)[0]
+        if signum in SIGNALS:
+            break
+    rank = world_rank()
+    if rank != 0:
+        time.sleep(PEER_GRACE_SECONDS)
+    _row_lock.acquire(timeout=ROW_WAIT_SECONDS)
+    name = signal.Signals(signum).name
+    _write(f"mlscale: interrupted by {name}" + (f" (rank {rank})" if rank else "")
+           + "; rows already written are complete")
+    _end_job(128 + signum)
+
+
+def _write(line):
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _world():
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return None
+    return mpi.COMM_WORLD
+
+
+def _end_job(status):
+    """``MPI_Abort(status)`` when MPI runs (its own notice silenced: our line said it); else return ``status``."""
+    world = _world()
+    if world is None:
+        if threading.current_thread() is not threading.main_thread():
+            os._exit(status)
+        return status
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    world.Abort(status)
+    return status

@@ -1,0 +1,104 @@
+"""A job never hangs: an error on one rank, MLSCALE_DEBUG, Ctrl-C and SIGTERM end every rank with one line.
+
+Each launch is bounded by `PROMPT` seconds: a hang fails the test (no other
+assertion depends on time).
+"""
+import os
+import signal
+import time
+
+import pytest
+
+from tests.clitools import PROMPT, TIMEOUT, mlscale, processes_mentioning, rows_of, start, wait_for_rows
+
+
+def mlscale_lines(err):
+    """The lines mlscale itself wrote to stderr."""
+    return [line for line in err.splitlines() if line.startswith("mlscale:")]
+
+
+@pytest.mark.parametrize("case, status, line", [
+    ("InputErrorInRunOnRankOne", 2, "mlscale: error: one class only on purpose"),
+    ("RaisesOnRankOne", 1, "mlscale: error: rank 1: RuntimeError: boom on purpose"),
+    ("InputErrorInCheckOnRankOne", 2, "mlscale: error: NaN feature on purpose"),
+    ("CheckRaisesOnLastRank", 1, "mlscale: error: rank 2: ZeroDivisionError: check on purpose"),
+    ("TeardownFailsOnLastRank", 1, "mlscale: error: rank 2: RuntimeError: teardown on purpose"),
+    ("CheckFailsBeforeACollective", 2, "mlscale: error: cannot evaluate on purpose"),
+    ("SetupFailsBeforeASplit", 1, "mlscale: error: rank 2: ValueError: setup on purpose"),
+])
+def test_an_error_on_one_rank_ends_every_rank_with_one_line(case, status, line, tmp_path):
+    path = str(tmp_path / "x.csv")
+    code, _, err = mlscale("run", f"tests.fake_cases:{case}", "--csv", path, ranks=3, timeout=PROMPT)
+    assert (code, err.strip()) == (status, line)
+    assert rows_of(path) == []
+
+
+def test_an_error_on_one_rank_ends_the_job_while_idle_ranks_sleep(tmp_path):
+    code, _, err = mlscale("sweep", "tests.fake_cases:InputErrorInRunOnRankOne", "--np", "3", "--ranks", "2,3",
+                           "--csv", str(tmp_path / "x.csv"), timeout=PROMPT)
+    assert (code, err.strip()) == (2, "mlscale: error: one class only on purpose")
+
+
+def test_debug_prints_the_traceback_and_still_aborts(tmp_path):
+    code, _, err = mlscale("run", "tests.fake_cases:RaisesOnRankOne", "--csv", str(tmp_path / "x.csv"), ranks=2,
+                           timeout=PROMPT, MLSCALE_DEBUG="1")
+    assert code == 1
+    assert mlscale_lines(err) == ["mlscale: error: rank 1: RuntimeError: boom on purpose"]
+    assert "Traceback (most recent call last)" in err and 'raise RuntimeError("boom on purpose")' in err
+
+
+def _interrupt(process, csv_path, send):
+    """Wait for the first row of ``csv_path``, call ``send(process)``; return (status, stderr)."""
+    wait_for_rows(csv_path, 1, process)
+    send(process)
+    try:
+        _, err = process.communicate(timeout=PROMPT)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return process.returncode, err
+
+
+def assert_whole_rows(path):
+    """Every line of ``path`` is a complete row: the file ends with a newline, each row has every column."""
+    with open(path) as handle:
+        text = handle.read()
+    assert text.endswith("\n")
+    rows = rows_of(path)
+    assert rows and all(None not in row and None not in row.values() for row in rows)
+
+
+ALLREDUCE = ("allreduce", "--sizes", "8:64K", "--iters", "200")
+
+
+def test_sigint_to_mpiexec_ends_every_rank_with_130_and_whole_rows(tmp_path):
+    path = str(tmp_path / "a.csv")
+    process = start("run", *ALLREDUCE, "--csv", path, ranks=2)
+    code, err = _interrupt(process, path, lambda p: p.send_signal(signal.SIGINT))
+    assert (code, mlscale_lines(err)) == (130, ["mlscale: interrupted by SIGINT; rows already written are complete"])
+    assert "Traceback" not in err
+    assert_whole_rows(path)
+
+
+def test_ctrl_c_to_the_sweeps_process_group_prints_one_line(tmp_path):
+    path = str(tmp_path / "a.csv")
+    process = start("sweep", *ALLREDUCE, "--np", "2", "--csv", path)
+    code, err = _interrupt(process, path, lambda p: os.killpg(p.pid, signal.SIGINT))
+    assert (code, err.strip()) == (130, "mlscale: interrupted by SIGINT; rows already written are complete")
+    assert_whole_rows(path)
+
+
+def test_sigterm_to_the_sweep_stops_mpiexec_and_its_ranks(tmp_path):
+    path = str(tmp_path / "a.csv")
+    process = start("sweep", *ALLREDUCE, "--np", "2", "--csv", path)
+    code, err = _interrupt(process, path, lambda p: p.send_signal(signal.SIGTERM))
+    deadline = time.monotonic() + TIMEOUT
+    while processes_mentioning(path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_mentioning(path)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+    assert (code, err.strip()) == (143, "mlscale: interrupted by SIGTERM; rows already written are complete")
+    assert_whole_rows(path)
