@@ -27,7 +27,7 @@ class Timing:
     repeats: int
 
 
-def measure(comm, run, iters, warmup, synchronize=None):
+def measure(comm, run, iters, warmup, synchronize=None, clock=MPI.Wtime):
     """Time ``run()`` on every rank of ``comm`` and return the `Timing` of the slowest rank.
 
     Each of ``iters`` samples starts after a barrier and times ``repeats`` calls of
@@ -46,6 +46,8 @@ def measure(comm, run, iters, warmup, synchronize=None):
         Timed iterations (>= 1) and untimed warm-up runs (>= 0).
     synchronize : callable, optional
         Called after each sample's runs, inside the timed region (device streams).
+    clock : callable, optional
+        Seconds since some fixed point (`MPI.Wtime`; tests pass a deterministic clock).
 
     Notes
     -----
@@ -60,21 +62,21 @@ def measure(comm, run, iters, warmup, synchronize=None):
         run()
     synchronize()
     comm.Barrier()
-    start = MPI.Wtime()
+    start = clock()
     run()
     synchronize()
-    one_run = comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+    one_run = comm.allreduce(clock() - start, op=MPI.MAX)
     repeats = 1
     if one_run < MIN_SAMPLE_SECONDS:
         repeats = min(MAX_REPEATS, math.ceil(MIN_SAMPLE_SECONDS / max(one_run, 1e-9)))
     samples = np.empty(iters)
     for index in range(iters):
         comm.Barrier()
-        start = MPI.Wtime()
+        start = clock()
         for _ in range(repeats):
             run()
         synchronize()
-        samples[index] = (MPI.Wtime() - start) / repeats
+        samples[index] = (clock() - start) / repeats
     slowest = np.empty_like(samples)
     comm.Allreduce(samples, slowest, op=MPI.MAX)
     return Timing(

@@ -19,8 +19,16 @@ def test_every_rank_gets_the_slowest_ranks_statistics(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_short_runs_are_repeated_within_a_sample(comm):
-    assert measure(comm, lambda: None, iters=2, warmup=0).repeats > 1
+@pytest.mark.parametrize("seconds_per_run, repeats", [(1e-5, 100), (4e-4, 3), (1e-3, 1), (0.5, 1), (1e-9, 1000)])
+def test_short_runs_are_repeated_within_a_sample(comm, seconds_per_run, repeats):
+    now = [0.0]
+
+    def run():  # the clock moves only while work runs: no real time enters the test
+        now[0] += seconds_per_run
+
+    timing = measure(comm, run, iters=3, warmup=1, clock=lambda: now[0])
+    assert (timing.repeats, timing.iters) == (repeats, 3)
+    assert timing.t_med == pytest.approx(seconds_per_run)
 
 
 def _fails_on_last_rank(comm, error):
