@@ -9,6 +9,7 @@ alone outside timed work (setup, check, metrics, teardown, writing a row) run
 through `agree`, and any other error (inside timed work, where the other ranks
 wait in a collective) aborts the job (`bench.faults.abort_job`).
 """
+import contextlib
 import os
 import socket
 import time
@@ -161,6 +162,15 @@ def run_sweep(comm, case, config, emit):
     error = comm.bcast(error, root=0)
     if error:
         raise _agreed_error(error)
+    try:
+        return _measure_plan(comm, case, config, plan, results, emit)
+    finally:
+        if results is not None:
+            results.close()
+
+
+def _measure_plan(comm, case, config, plan, results, emit):
+    """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count."""
     backend = agree(comm, get_backend, config.backend, comm)
     library = mpi_library()
     wrong_total = 0
@@ -176,15 +186,12 @@ def run_sweep(comm, case, config, emit):
             except Exception as error:  # noqa: BLE001 - this rank alone: the others wait in a collective
                 abort_job(error)
                 raise
-            sub.Free()
+            finally:
+                sub.Free()
         sleeping_barrier(comm)
         failure = comm.bcast(failure, root=0)  # rank 0 is in every sub-communicator
         if failure:
-            if results is not None:
-                results.close()
             raise _agreed_error(failure)
-    if results is not None:
-        results.close()
     return wrong_total
 
 
@@ -230,16 +237,28 @@ def _measure_point(sub, case, config, backend, variant, size):
     timed work reaches `run_sweep`, which aborts the job.
     """
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
-    timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
-    wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
-    wrong = sub.allreduce(wrong) if config.check else None
-    agree(sub, case.teardown, state)
+    with _torn_down(sub, case, state):
+        timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
+        wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
+        wrong = sub.allreduce(wrong) if config.check else None
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
         items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
         wrong=wrong, params=params, size_label=format_size(size),
     )
+
+
+@contextlib.contextmanager
+def _torn_down(sub, case, state):
+    """Tear the point's ``state`` down on every rank of ``sub`` when the block ends, also by an
+    `AGREED` error; any other error is one rank's alone and ends the job (no collective here)."""
+    try:
+        yield
+    except AGREED:
+        agree(sub, case.teardown, state)
+        raise
+    agree(sub, case.teardown, state)
 
 
 def _prepare(sub, case, config, backend, variant, size):
