@@ -107,3 +107,15 @@ class SetupFailsBeforeASplit(_Tiny):
         if comm.rank == comm.size - 1:
             raise ValueError("setup on purpose")
         return comm.Split(0, comm.rank)
+
+
+class CheckFailsEverywhere(_Tiny):
+    """Every rank finds the result unusable; the point's state must still be torn down (``torn_down``)."""
+
+    torn_down = []
+
+    def check(self, comm):
+        raise InputError("unusable on purpose")
+
+    def teardown(self, comm):
+        self.torn_down.append(comm.size)

@@ -85,3 +85,20 @@ def test_placement_notes_when_slurm_names_other_nodes(comm, monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     same = placement(comm)
     assert (same.note is None) == (same.nodes == 1)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_point_that_fails_on_every_rank_is_torn_down_and_the_csv_closed(comm, tmp_path):
+    from bench.sweep import SweepConfig, run_sweep
+    from tests.fake_cases import CheckFailsEverywhere
+
+    path = comm.bcast(str(tmp_path / "fake.csv"), root=0)
+    config = SweepConfig(suite="fake", variants=["only"], sizes=[4], ranks=[comm.size], csv_path=path, dtype="float64")
+    case = CheckFailsEverywhere()
+    with pytest.raises(InputError, match="unusable on purpose"):
+        run_sweep(comm, case, config, emit=lambda row: None)
+    assert case.torn_down == [comm.size]
+    if comm.rank == 0:  # the lock is released: the file can be taken again at once
+        from bench.csvio import ResultsFile
+
+        ResultsFile(path).close()
