@@ -1,8 +1,10 @@
 """The measuring options shared by ``mlscale run``, ``sweep`` and ``slurm``, and their validation."""
 import os
+import sys
 
 from bench.case import parse_variants
 from bench.registry import get_case
+from bench.resources import check_job, check_local
 from bench.settings import apply_overrides
 from bench.units import parse_ranks, parse_sizes
 from kernels.backend import BACKENDS
@@ -27,10 +29,17 @@ def add_measure_options(parser):
                         help="skip validation against the serial reference")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a suite setting, exported as MLSCALE_NAME (see `mlscale list SUITE`); repeatable")
+    parser.add_argument("--force", action="store_true",
+                        help="measure even when a point needs more memory, or --threads more cores, than a node has")
 
 
-def make_config(args, job_size):
-    """Validate the measuring options against the suite and the job size; return a SweepConfig."""
+def make_config(args, job_size, comm=None):
+    """Validate the measuring options against the suite and the job size; return a SweepConfig.
+
+    Memory and cores (`bench.resources`) are checked on this node for ``sweep``
+    (before the job starts) and on every node of the job ``comm`` when given
+    (``run``; collective, its one-line warning printed by rank 0).
+    """
     from bench.sweep import SweepConfig
 
     apply_overrides(args.set)
@@ -48,4 +57,10 @@ def make_config(args, job_size):
         iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
     )
+    if getattr(args, "command", None) == "sweep":
+        check_local(case, config, job_size, args.force)
+    elif comm is not None:
+        warning = check_job(comm, case, config, args.force)
+        if warning and comm.rank == 0:
+            sys.stderr.write(f"mlscale: {warning}\n")
     return case, config

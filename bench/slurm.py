@@ -129,6 +129,8 @@ def run_options(args):
             words += [option, str(value)]
     if not args.check:
         words.append("--no-check")
+    if args.force:
+        words.append("--force")
     return "".join(" " + shlex.quote(word) for word in words)
 
 
