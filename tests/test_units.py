@@ -1,7 +1,8 @@
 """Size and rank-list parsing."""
 import pytest
 
-from bench.units import MAX_RANK_COUNTS, format_size, parse_ranks, parse_sizes
+from bench import units
+from bench.units import format_size, parse_ranks, parse_sizes
 from kernels.errors import InputError
 
 
@@ -51,7 +52,7 @@ def test_a_huge_rank_range_is_refused_before_its_counts_are_listed():
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
-    assert parse_ranks(f"1:{MAX_RANK_COUNTS}", 1 << 40)[-1] == MAX_RANK_COUNTS
+    assert parse_ranks(f"1:{units.MAX_RANK_COUNTS}", 1 << 40)[-1] == units.MAX_RANK_COUNTS
 
 
 def test_a_reversed_rank_range_says_so():
