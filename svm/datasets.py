@@ -71,14 +71,29 @@ def _bundled(name):
 
 
 def load_svmlight(path):
-    """Return ``(X, y)`` of an svmlight / LIBSVM file as a dense float64 matrix and its labels."""
+    """Return ``(X, y)`` of an svmlight / LIBSVM file as a dense float64 matrix and its labels.
+
+    Raises `InputError` naming the file when it cannot be parsed, holds fewer than
+    two samples, a NaN or infinite feature or label, or is too large to hold densely.
+    """
     from sklearn.datasets import load_svmlight_file
 
     try:
         X, y = load_svmlight_file(str(path))
-    except (OSError, ValueError) as error:
+        dense = X.toarray()
+    except (OSError, ValueError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read svmlight file {path}: {error}") from None
-    return X.toarray(), y
+    except MemoryError:
+        raise InputError(f"svmlight file {path}: {X.shape[0]} samples x {X.shape[1]} features do not fit in "
+                         "memory as a dense matrix") from None
+    if len(y) < 2:
+        raise InputError(f"svmlight file {path} holds {len(y)} sample(s); at least 2 are needed")
+    for what, values in (("feature", dense), ("label", y)):
+        bad = np.argwhere(~np.isfinite(values))
+        if len(bad):
+            raise InputError(f"svmlight file {path}: {what} value {values[tuple(bad[0])]} in sample "
+                             f"{bad[0][0] + 1}; every value must be a finite number")
+    return dense, y
 
 
 def load_dataset(name_or_path, n=None, seed=0, test_fraction=TEST_FRACTION, n_features=SYNTHETIC_FEATURES):

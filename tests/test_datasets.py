@@ -103,3 +103,28 @@ def test_train_test_split_is_a_seeded_partition():
         train_test_split(x, y, test_fraction=1.0)
     with pytest.raises(InputError):
         train_test_split(x, y[:5])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_gz_idx_file_is_an_input_error_naming_it(tmp_path, damage):
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    write_idx(path, np.arange(3 * 28 * 28, dtype=np.uint8).reshape(3, 28, 28) % 251)
+    raw, half = path.read_bytes(), len(path.read_bytes()) // 2
+    path.write_bytes(raw[:half] if damage == "truncated" else raw[:half] + b"\xff" * 16 + raw[half + 16:])
+    with pytest.raises(InputError, match="cannot read IDX file .*train-images-idx3-ubyte.gz"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("labels, bad", [([1, 10, 2], "10"), ([255, 0, 0], "255")])
+def test_an_idx_label_outside_the_classes_is_an_input_error_naming_file_and_value(tmp_path, labels, bad):
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", np.zeros((3, 4, 4), dtype=np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array(labels, dtype=np.uint8))
+    with pytest.raises(InputError, match=f"t10k-labels-idx1-ubyte: label {bad} of image"):
+        load_mnist_idx(tmp_path, split="test")
+
+
+def test_negative_idx_labels_are_refused(tmp_path):
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", np.zeros((2, 4, 4), dtype=np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([3, -1], dtype=np.int32), type_code=0x0C)
+    with pytest.raises(InputError, match="label -1 of image 1"):
+        load_mnist_idx(tmp_path, split="test")

@@ -94,3 +94,24 @@ def test_malformed_svmlight_file_is_an_input_error(tmp_path):
     path.write_text("1 1:0.5 2:oops\n")
     with pytest.raises(InputError, match="cannot read svmlight file"):
         load_dataset(str(path))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1 1:nan 2:1\n-1 1:2\n1 1:3\n-1 2:1\n", r"feature value nan in sample 1"),
+    ("1 1:1\n-1 1:2 2:inf\n1 1:3\n-1 2:1\n", r"feature value inf in sample 2"),
+    ("1 1:1\nnan 1:2\n1 1:3\n-1 2:1\n", r"label value nan in sample 2"),
+    ("1 1:1\n", r"holds 1 sample\(s\)"),
+    ("", r"holds 0 sample\(s\)"),
+])
+def test_bad_values_in_an_svmlight_file_are_input_errors_naming_it(tmp_path, text, message):
+    path = tmp_path / "bad.svm"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"svmlight file {path}.*{message}"):
+        load_dataset(str(path))
+
+
+def test_a_binary_svmlight_file_is_an_input_error(tmp_path):
+    path = tmp_path / "binary.svm"
+    path.write_bytes(b"\xff\xfe\x00\x01garbage\n")
+    with pytest.raises(InputError, match="cannot read svmlight file"):
+        load_dataset(str(path))

@@ -98,6 +98,13 @@ class Allreduce(Case):
         costs["mpi"] = min(costs["recursive_doubling"], costs["rabenseifner"])
         return costs[variant]
 
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Send and receive buffers of ``problem`` bytes, one more for the algorithm's scratch on
+        several ranks; the check draws each rank's input as int64, then sums them."""
+        scratch = problem if ranks > 1 else 0
+        reference = 8 * (problem // np.dtype(dtype).itemsize) + (3 if ranks > 1 else 1) * problem
+        return 2 * problem + scratch + (reference if check else 0)
+
 
 def _mpi_allreduce(comm, send, recv):
     comm.Allreduce(send, recv, op=MPI.SUM)

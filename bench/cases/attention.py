@@ -223,6 +223,18 @@ class Attention(Case):
         return dict(state.settings, memory="inputs + tracemalloc peak of the first run",
                     **state.summary)
 
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """This rank's tokens (all for ``full``, else ``ceil(n / p)``) as Q, K, V, dO and as many
+        outputs and travelling blocks, a few float64 score tiles; the check draws all n
+        tokens in float64 (and gathers O and lse with the backward pass)."""
+        settings = self.settings
+        width = settings["heads"] * settings["dim"]
+        local = problem if variant == "full" else -(-problem // ranks)
+        run = (12 if settings["backward"] else 8) * local * width * np.dtype(dtype).itemsize
+        tiles = 3 * 8 * settings["heads"] * settings["tiles"][0] * settings["tiles"][1]
+        reference = 8 * problem * width * (8 if settings["backward"] else 5)
+        return run + tiles + (reference if check else 0)
+
 
 def _reference_pairs(state, rows, positions, gathered):
     """``(result, reference)`` pairs of the local ``rows`` at global ``positions``.

@@ -97,3 +97,13 @@ class Blas1(BlasCase):
                 "numpy_axpy": Cost(0, 0, 2 * n, 3 * n), "dot": Cost(rounds, 2 * rounds, 2 * n / p, 2 * n / p),
                 "nrm2": Cost(2 * rounds, 3 * rounds, 3 * n / p, 2 * n / p),
                 "axpy": Cost(0, 0, 2 * n / p, 3 * n / p)}[variant]
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """x and y blocks of ``ceil(n / p)`` entries (each drawn through a copy); the check
+        regenerates the blocks in float64 (axpy: about 7 block-long float64 temporaries) or
+        sums 1M-entry chunks on rank 0 (dot, nrm2)."""
+        block = -(-problem // ranks)
+        arrays = 3 * block * np.dtype(dtype).itemsize
+        if not check:
+            return arrays
+        return arrays + 8 * (7 * block if variant.endswith("axpy") else 5 * min(problem, CHECK_CHUNK))

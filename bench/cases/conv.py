@@ -41,7 +41,7 @@ from bench.case import Case, Metrics
 from bench.settings import Setting, choice, integer
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.halo_conv import HaloConv2d, conv_padding
+from parallel.halo_conv import CHUNK_ELEMENTS, HaloConv2d, conv_padding
 from parallel.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
 from parallel.conv_layers import Conv2d
 from parallel.tile_layout import TileLayout
@@ -223,6 +223,22 @@ class HaloConv(Case):
         return dict(state.settings, grid="x".join(map(str, grid.dims)),
                     tile="x".join(map(str, state.conv.in_shape)), halo_bytes_per_rank=state.halo_bytes,
                     overlap=state.conv.overlap, stride=1, padding="same", halo_share=_halo_share(state))
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Tiles of ``N C ceil(H / pr) ceil(W / pc)`` elements: x, its padded copy and y, with
+        backward also dy, its padded copy, dx and the gradient halos; the hashed inputs' uint64
+        planes and the chunked patch matrices. The check's serial convolution (patch matrices of
+        the whole image) when the image has at most `FULL_CHECK_ELEMENTS` elements, else small windows."""
+        settings = read_settings()
+        rows, cols = (-(-problem // dim) for dim in MPI.Compute_dims(ranks, [0, 0]))
+        pad = settings["kernel"] // 2
+        tile = settings["batch"] * settings["channels"] * (rows + 2 * pad) * (cols + 2 * pad)
+        backward = variant.startswith("forward_backward")
+        arrays = (9 if backward else 4) * tile * np.dtype(dtype).itemsize
+        image = settings["batch"] * settings["channels"] * problem * problem
+        reference = 8 * image * (settings["kernel"] ** 2 + 4) * (2 if backward else 1)
+        return (arrays + 4 * 8 * (rows + 2 * pad) * (cols + 2 * pad) + 2 * 8 * CHUNK_ELEMENTS
+                + (reference if check and image <= FULL_CHECK_ELEMENTS else 0))
 
 
 def _end_spans(lo, hi):

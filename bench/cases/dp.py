@@ -61,6 +61,11 @@ MODELS = ("mlp", "cnn")
 DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 SIXTEEN_BIT_TOLERANCE = 5e-2
+#: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
+DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
+#: Parameters of each model (at most) and array entries held per sample in forward and backward.
+PARAMETERS = {"mlp": 784 * 256 + 256 * 128 + 128 * 10 + 394, "cnn": 21840}
+ACTIVATIONS = {"mlp": lambda pixels: 2 * (pixels + 256 + 128 + 10), "cnn": lambda pixels: 50_000}
 
 
 @functools.lru_cache(maxsize=4)
@@ -214,6 +219,18 @@ class DataParallel(Case):
         if state.comm.rank == 0 and state.steps:
             summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
         return summary
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its
+        flat gradients, momentum and buckets, and the activations of this rank's ``ceil(n / p)``
+        samples (`ACTIVATIONS` per sample); the check trains a serial model on the whole
+        global batch of n samples on rank 0."""
+        settings = read_settings(variant)
+        samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
+        item = np.dtype(dtype).itemsize
+        per_sample = ACTIVATIONS[settings["model"]](pixels)
+        batch = -(-problem // ranks) + (problem if check else 0)
+        return samples * pixels + item * (2 * samples * pixels + 8 * PARAMETERS[settings["model"]] + per_sample * batch)
 
 
 def _comm_share(state):

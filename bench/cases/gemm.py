@@ -104,3 +104,27 @@ class Gemm(BlasCase):
         shifts = 2 * steps if q > 1 else 0
         return Cost(shifts + 2 * log2_ceil(replicas), (shifts + 2 * (replicas - 1) / replicas) * side ** 2,
                     2 * steps * side ** 3, 0)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Blocks of A, B and C with each variant's buffers (see kernels.gemm), in entries:
+        numpy ``3 n^2``; 1d ``3 L`` (``L = n ceil(n / p)``) plus a travelling block and a
+        product (ring) or all of B (allgather); summa ``3 L`` and two panels; cannon and 25d
+        ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies, product; 25d one more for the
+        depth allreduce); `CHUNK_ROWS` rows drawn at a time. The check regenerates the checked
+        rows of A (all rows up to `FULL_CHECK_N`) and `CHUNK_ROWS`-row slices of B in float64."""
+        n, item = problem, np.dtype(dtype).itemsize
+        rows = -(-n // ranks)
+        local = n * rows
+        if variant == "numpy":
+            entries = 3 * n * n
+        elif variant.startswith("1d"):
+            entries = 3 * local + (2 * local if variant == "1d_ring" else n * n)
+        elif variant == "summa":
+            entries = 3 * local + 2 * min(self.panel, n) * n
+        else:
+            q = self.grid_dims(variant, ranks)[0]
+            rows = _ceil_div(n, q)
+            entries = (8 if variant == "25d" else 7) * rows * rows
+        arrays = (entries + CHUNK_ROWS * n) * item + 16 * n
+        checked = rows if n <= FULL_CHECK_N else min(rows, SAMPLE_ROWS)
+        return arrays + (8 * (3 * CHUNK_ROWS * n + 4 * checked * n) if check else 0)

@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import (CHUNK_ROWS, GRID, BlasCase, Cost, count_wrong, library_kernel,
+from bench.cases.blas_common import (CHUNK_ROWS, GRID, VECTOR_ROW, BlasCase, Cost, count_wrong, library_kernel,
                                      seeded_matrix, seeded_rows, seeded_vector)
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
 
@@ -69,3 +69,12 @@ class Gemv(BlasCase):
             rows, cols = self.grid_dims(variant, p)
             return work._replace(messages=rows + cols - 2, words=(rows + cols - 2) * n / p)
         return work if variant == "numpy" else work._replace(messages=p - 1, words=(p - 1) * n / p)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """This rank's ``n^2 / p`` entries of A (all of A for ``numpy``), rows drawn
+        `CHUNK_ROWS` at a time, and vectors of up to n (padded to whole seeded rows); the
+        check regenerates x and `CHUNK_ROWS`-row slices of A in float64."""
+        n, item = problem, np.dtype(dtype).itemsize
+        vector = max(n, VECTOR_ROW)
+        arrays = (n * -(-n // ranks) + n + CHUNK_ROWS * n) * item + 4 * vector * item
+        return arrays + ((2 * vector + 3 * CHUNK_ROWS * n) * 8 if check else 0)

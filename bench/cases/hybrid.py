@@ -177,3 +177,16 @@ class Hybrid(Case):
                    "theoretical_bubble": round(theoretical_bubble(pp, self.micro_batches), 4)}
         summary.update({f"{kind}_s": list(column) for kind, column in zip(kinds, zip(*per_rank))})
         return summary
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """This rank's shard of its stage's blocks (``blocks / pp`` blocks of ``2 hidden ffn / tp``
+        weights) with gradients and copies, the batch (``n x hidden``, drawn in float64), and
+        the activations of its replica's ``n / dp`` samples; the check (rank 0) builds the whole
+        serial model twice (with flat copies) and steps at most 256 samples."""
+        dp, tp, pp = grid_for(variant, ranks, self.grid)
+        hidden, ffn = self.hidden, self.ffn
+        blocks = -(-self.blocks // pp)
+        run = 4 * blocks * 2 * hidden * -(-ffn // tp) + problem * hidden
+        run += 2 * -(-problem // dp) * (hidden + -(-ffn // tp)) * blocks
+        reference = 7 * self.blocks * 2 * hidden * ffn + 2 * 256 * (hidden + ffn) * self.blocks
+        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * problem * hidden

@@ -135,3 +135,15 @@ class MixtureOfExperts(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """x and dy (T x hidden, drawn in float64) and outputs; this rank's experts with gradients;
+        dispatch and combine buffers and expert activations of its ``k ceil(T / p)`` assignments
+        (times the capacity factor); the check runs `SerialMoE` with all ``E`` experts on all T tokens."""
+        settings, tokens = self.settings, problem
+        hidden, ffn, top_k = settings["hidden"], settings["ffn"], TOP_K[variant]
+        rows = top_k * -(-tokens // ranks) * max(1.0, settings["capacity_factor"])
+        run = 5 * tokens * hidden + 4 * settings["experts_per_rank"] * hidden * ffn + rows * (6 * hidden + 3 * ffn)
+        experts = settings["experts_per_rank"] * ranks
+        reference = 4 * experts * hidden * ffn + 3 * top_k * tokens * ffn + 4 * tokens * hidden
+        return int(np.dtype(dtype).itemsize * (run + (reference if check else 0))) + 8 * tokens * hidden

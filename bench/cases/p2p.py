@@ -91,6 +91,11 @@ class PointToPoint(Case):
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}
 
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Send and receive buffers of ``problem`` bytes; the byte pattern is computed from two
+        int64 temporaries (16 bytes per byte), in setup and in the check."""
+        return 2 * problem + 16 * problem
+
 
 def _ping_pong(state, send, recv):
     comm, partner = state.comm, state.partner

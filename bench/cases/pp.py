@@ -255,3 +255,14 @@ class Pipeline(Case):
                 "idle_fraction": round(idle_fraction(compute, steps), 4),
                 "replayed_bubble": round(timeline.replayed_bubble(state.comm, state.pipeline.actions), 4),
                 "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The whole model with gradients (every rank builds it, then keeps its stage and a copy of
+        it), the batch (``n x W``, drawn in float64) and the stage's activations of every
+        micro-batch; the check's serial step (rank 0) builds the model again and runs at most
+        `CHECK_SAMPLES` samples."""
+        width, layers = self.width, self.layers
+        stage_layers = -(-(2 * layers - 1) // ranks)
+        run = 4 * layers * width * width + problem * width * (1 + 2 * stage_layers)
+        reference = 6 * layers * width * width + 4 * layers * CHECK_SAMPLES * width
+        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * problem * width

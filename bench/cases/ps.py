@@ -163,6 +163,20 @@ class ParameterServer(Case):
                 "parameters": int(ps.flat_params.size), "comm_share": round(stats.comm_share, 4),
                 "max_staleness": stats.max_staleness, "mean_staleness": round(stats.mean_staleness, 4)}
 
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The MNIST sample on every rank (the bytes read, then scaled and split: 2 copies), the
+        model and its shards, and the activations of a worker's ``ceil(n / W)`` samples
+        (`bench.cases.dp.ACTIVATIONS` per sample); the check's serial step (rank 0) runs the whole
+        global batch of n samples."""
+        from bench.cases.dp import ACTIVATIONS, PARAMETERS
+
+        samples, pixels = 5000, 784
+        workers = max(1, ranks - self.servers)
+        batch = -(-problem // workers) + (problem if check else 0)
+        item = np.dtype(dtype).itemsize
+        return samples * pixels + item * (2 * samples * pixels + 8 * PARAMETERS[self.model_name]
+                                          + ACTIVATIONS[self.model_name](pixels) * batch)
+
 
 def _worker_gradient(state, clock):
     """Fill the worker's gradient for its block of global batch ``clock`` (scaled by the global batch)."""

@@ -40,9 +40,9 @@ from bench.case import Case, Metrics
 from bench.settings import Setting
 from bench.sweep import sleeping_barrier
 from kernels.errors import InputError
-from svm.datasets import NAMES, load_dataset
+from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION, load_dataset
 from svm.gram import kernel_product, make_kernel
-from svm.smo import smo_solve
+from svm.smo import DEFAULT_CACHE_BYTES, smo_solve
 
 SETTINGS = dict(C=1.0, kernel="rbf", gamma="scale", tol=1e-3)
 #: Estimator of each variant, as ``module:Class`` (imported lazily).
@@ -54,6 +54,8 @@ SERIAL = ("sklearn", "smo")
 TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "dcsvm": 0.05, "cpsvm": 0.05,
              "casvm": 0.05}
 _references = {}  # (data, n, kind) -> reference values, on rank 0
+#: (samples, features) of the bundled sets (`svm.datasets.NAMES`), for the memory estimate.
+DATA_SHAPES = {"digits": (1797, 64), "mnist": (5000, 784), "breast_cancer": (569, 30)}
 
 
 def data_source(variable, text, allowed):
@@ -144,6 +146,18 @@ class SVMSuite(Case):
     def params(self, state):
         return dict(_evaluate(state), dataset=state.data, n_features=int(state.X_train.shape[1]),
                     n_test=len(state.X_test), tolerance=TOLERANCE[state.variant])
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The whole data set in float64 on every rank (the loaded set, its split copies; for an
+        svmlight file, twice the file's bytes as a guess), kernel-row caches bounded by
+        `svm.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
+        reference fit on rank 0 (as much again)."""
+        samples, features = DATA_SHAPES.get(self.data, (None, None))
+        if self.data == "synthetic":
+            samples, features = round(problem / (1 - TEST_FRACTION)) + 1, SYNTHETIC_FEATURES
+        data = 3 * 8 * samples * features if samples else 2 * os.path.getsize(self.data)
+        cache = min(DEFAULT_CACHE_BYTES, 8 * problem * problem) + 8 * problem * 64
+        return data + cache * (2 if check else 1)
 
 
 def _evaluate(state):

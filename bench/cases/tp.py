@@ -126,3 +126,13 @@ class TensorParallel(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's
+        ``ffn / p`` columns of both weights with gradients and ``T x ffn / p`` activations;
+        the check runs the whole serial block (all weights, ``T x ffn`` activations)."""
+        tokens, hidden, ffn = problem, self.settings["hidden"], self.settings["ffn"]
+        share = -(-ffn // ranks)
+        run = 5 * tokens * hidden + 4 * hidden * share + 3 * tokens * share
+        reference = 4 * hidden * ffn + 3 * tokens * ffn + 2 * tokens * hidden
+        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * tokens * hidden
