@@ -227,7 +227,7 @@ class Attention(Case):
         """This rank's tokens (all for ``full``, else ``ceil(n / p)``) as Q, K, V, dO and as many
         outputs and travelling blocks, a few float64 score tiles; the check draws all n
         tokens in float64 (and gathers O and lse with the backward pass)."""
-        settings = self.settings
+        settings = self.config
         width = settings["heads"] * settings["dim"]
         local = problem if variant == "full" else -(-problem // ranks)
         run = (12 if settings["backward"] else 8) * local * width * np.dtype(dtype).itemsize

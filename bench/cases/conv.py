@@ -229,7 +229,7 @@ class HaloConv(Case):
         backward also dy, its padded copy, dx and the gradient halos; the hashed inputs' uint64
         planes and the chunked patch matrices. The check's serial convolution (patch matrices of
         the whole image) when the image has at most `FULL_CHECK_ELEMENTS` elements, else small windows."""
-        settings = read_settings()
+        settings = read_settings(self.settings)
         rows, cols = (-(-problem // dim) for dim in MPI.Compute_dims(ranks, [0, 0]))
         pad = settings["kernel"] // 2
         tile = settings["batch"] * settings["channels"] * (rows + 2 * pad) * (cols + 2 * pad)

@@ -225,7 +225,7 @@ class DataParallel(Case):
         flat gradients, momentum and buckets, and the activations of this rank's ``ceil(n / p)``
         samples (`ACTIVATIONS` per sample); the check trains a serial model on the whole
         global batch of n samples on rank 0."""
-        settings = read_settings(variant)
+        settings = read_settings(self.settings, variant)
         samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
         item = np.dtype(dtype).itemsize
         per_sample = ACTIVATIONS[settings["model"]](pixels)

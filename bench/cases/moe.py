@@ -140,7 +140,7 @@ class MixtureOfExperts(Case):
         """x and dy (T x hidden, drawn in float64) and outputs; this rank's experts with gradients;
         dispatch and combine buffers and expert activations of its ``k ceil(T / p)`` assignments
         (times the capacity factor); the check runs `SerialMoE` with all ``E`` experts on all T tokens."""
-        settings, tokens = self.settings, problem
+        settings, tokens = self.config, problem
         hidden, ffn, top_k = settings["hidden"], settings["ffn"], TOP_K[variant]
         rows = top_k * -(-tokens // ranks) * max(1.0, settings["capacity_factor"])
         run = 5 * tokens * hidden + 4 * settings["experts_per_rank"] * hidden * ffn + rows * (6 * hidden + 3 * ffn)

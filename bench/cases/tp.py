@@ -131,7 +131,7 @@ class TensorParallel(Case):
         """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's
         ``ffn / p`` columns of both weights with gradients and ``T x ffn / p`` activations;
         the check runs the whole serial block (all weights, ``T x ffn`` activations)."""
-        tokens, hidden, ffn = problem, self.settings["hidden"], self.settings["ffn"]
+        tokens, hidden, ffn = problem, self.config["hidden"], self.config["ffn"]
         share = -(-ffn // ranks)
         run = 5 * tokens * hidden + 4 * hidden * share + 3 * tokens * share
         reference = 4 * hidden * ffn + 3 * tokens * ffn + 2 * tokens * hidden
