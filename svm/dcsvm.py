@@ -90,8 +90,9 @@ def kernel_kmeans(S, kernel, k, comm, rng, max_iter=30):
         mean_rows = rows @ clusters.weights()  # (block, k): mean of K(x_i, S_c)
         own = labels[start:stop]
         sizes = np.bincount(labels, minlength=k)
-        comm.Allreduce(np.bincount(own, weights=mean_rows[np.arange(len(own)), own] / np.maximum(sizes[own], 1),
-                                   minlength=k), within)
+        local = np.zeros(k)  # float64 even for an empty block (np.bincount would give int64 there)
+        np.add.at(local, own, mean_rows[np.arange(len(own)), own] / np.maximum(sizes[own], 1))
+        comm.Allreduce(local, within)
         clusters.self_terms = np.where(sizes > 0, within, np.inf)
         new = gather_labels(comm, np.argmin(clusters.self_terms - 2.0 * mean_rows, axis=1), m)
         if np.array_equal(new, labels) or n_iter == max_iter:

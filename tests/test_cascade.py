@@ -88,6 +88,18 @@ def test_without_free_support_vectors_the_bias_and_the_model_are_the_serial_ones
     assert same_on_every_rank(comm, model.decision_function(X_test))
 
 
+@pytest.mark.mpi(min_size=1)
+def test_fewer_samples_than_ranks_leave_empty_blocks(comm):
+    X, y = np.array([[0.0, 0.0], [1.0, 1.0], [0.2, 0.1]]), np.array([0, 1, 0])
+    model = CascadeSVM(comm=comm, tol=1e-9).fit(X, y)
+    serial = SVC().fit(X, y)
+    assert model.converged_
+    assert model.intercept_[0] == pytest.approx(serial.intercept_[0], abs=1e-8)
+    grid = np.random.default_rng(0).normal(size=(50, 2))
+    np.testing.assert_allclose(model.decision_function(grid), serial.decision_function(grid), atol=1e-8)
+    assert same_on_every_rank(comm, model.decision_function(X))
+
+
 def test_union_keeps_distinct_samples_and_sums_their_alphas():
     X = np.arange(12.0).reshape(6, 2)
     first = pack([4, 1, 2], [1, -1, 1], [0.5, 0.2, 0.0], X[:3])
