@@ -24,7 +24,8 @@ from kernels.distribution import block_range
 from kernels.errors import InputError
 from svm.gram import kernel_product
 from svm.parallel_common import ParallelSVC
-from svm.partition import LocalModels, check_positive_int, gather_labels
+from svm.local_models import LocalModels
+from svm.partition import check_positive_int, gather_labels
 from svm.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
 
 
@@ -151,7 +152,7 @@ class DCSVM(ParallelSVC):
         Cluster of each training sample at each level (index 0: level 1).
     clusters_ : svm.partition.KernelClusters
         The level-1 clusters (routing for early prediction).
-    early_models_ : svm.partition.LocalModels
+    early_models_ : svm.local_models.LocalModels
         The level-1 models of each cluster.
     bytes_sent_ : float
 
