@@ -9,8 +9,8 @@ barrier, so their rows on p ranks time one core's work (and leave the rest idle)
 
 Data: environment variable ``MLSCALE_SVM_DATA``, a name of `svm.datasets.NAMES`
 or the path of an svmlight / LIBSVM file (default ``mnist``: the MNIST sample, odd
-vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` for sizes
-beyond a real set's training part). Size is the number of training samples (the
+vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` or the
+non-linear ``moons`` for sizes beyond a real set's training part). Size is the number of training samples (the
 first of the shuffled training part; weak scaling: samples per rank). Every rank
 loads the whole set, as the estimators expect; one run is one ``fit``.
 
@@ -26,7 +26,9 @@ cached per data set and size.
 Metrics: items_per_s = training samples / s; metric ``accuracy`` (test set);
 params: dataset, n_features, n_test, n_sv, n_iter (SMO iterations; cascade: passes),
 bytes_sent (max over ranks, convention of `svm.parallel_common`), predict_s,
-reference_accuracy, tolerance, mismatches (dis_smo).
+reference_accuracy, accuracy_gap (the serial reference's test accuracy minus
+this variant's, in percentage points: positive = worse than serial), tolerance,
+mismatches (dis_smo).
 """
 import importlib
 import os
@@ -94,8 +96,9 @@ class SVMSuite(Case):
     size_unit = "samples"
     size_help = "training samples (of MLSCALE_SVM_DATA, default mnist: at most 4,000); one run = one fit"
     default_sizes = "500,1000,2000,4000"
-    metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params n_sv, n_iter, "
-                    "bytes_sent, predict_s; env MLSCALE_SVM_DATA=mnist|digits|breast_cancer|synthetic|FILE")
+    metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params accuracy_gap (points "
+                    "below serial), n_sv, n_iter, bytes_sent, predict_s; "
+                    "env MLSCALE_SVM_DATA=mnist|digits|breast_cancer|synthetic|moons|FILE")
     dtypes = ("float64",)
 
     def __init__(self):
@@ -157,7 +160,9 @@ def _evaluate(state):
         figures["bytes_sent"], figures["predict_s"] = round(largest[0]), float(largest[1])
     references = None
     if comm.rank == 0:
-        references = dict(reference_accuracy=_reference(state, "sklearn")["accuracy"])
+        reference_accuracy = _reference(state, "sklearn")["accuracy"]
+        references = dict(reference_accuracy=reference_accuracy,
+                          accuracy_gap=round(100 * (reference_accuracy - figures["accuracy"]), 2))
         if state.variant == "dis_smo":
             serial_smo = _reference(state, "smo_no_shrinking")
             decided = np.abs(serial_smo["decision"]) > SETTINGS["tol"]
