@@ -12,7 +12,8 @@ set is the one of the previous pass, or its dual objective changed by at most
 ``objective_rtol`` (relative). Then every rank checks the KKT conditions of the
 broadcast model on its own block (the solves only ever saw subsets: two
 non-support vectors in different leaves may form a violating pair no solve
-sees): passes stop when the gap over all samples is below ``tol``; otherwise
+sees): passes stop when no sample outside the root's set violates them (the
+KKT gap over all samples is then the root solve's, below ``tol``); otherwise
 the violating samples join the fed-back set. The bias is LIBSVM's over all
 samples (from the same check), not the root's over its subset.
 
@@ -26,7 +27,7 @@ leaf gets the fed-back set); both starts satisfy ``y^T alpha = 0``.
 Communication per pass, with ``k`` support vectors in a set: one message of
 ``8 k (d + 3)`` bytes per tree edge (``ceil(log2 p)`` levels), then a broadcast
 of a 3-double header and ``8 k (d + 3)`` bytes from rank 0. Each check: an
-Allgatherv of 4 doubles per rank (plus, when it fails, of the violators' rows)
+Allgatherv of 4 doubles and one of 1 int64 per rank, one of the violators' rows,
 and ``n k / p`` kernel values per rank.
 """
 import warnings
@@ -75,8 +76,8 @@ class CascadeSVM(ParallelSVC):
     ----------
     As `ParallelSVC`; ``n_iter_`` is the number of passes, ``dual_objective_`` the
     root's in the last pass (over its training set), ``converged_`` whether the
-    passes stopped before ``max_passes`` with the KKT gap over all samples,
-    ``gap_``, below ``tol``; ``smo_iter_`` counts this rank's SMO
+    passes stopped before ``max_passes`` with no KKT violator outside the root's
+    set (``gap_``: the KKT gap ``m - M`` over all samples); ``smo_iter_`` counts this rank's SMO
     iterations over all its solves.
     """
 
@@ -156,10 +157,11 @@ class CascadeSVM(ParallelSVC):
             previous = (fed_back, objective)
             if settled or passes == self.max_passes:
                 bias, gap, violators = self._global_check(comm, own, start, fed_back)
-                converged = gap < self.tol
+                violators = self._gather_rows(comm, violators)
+                converged = len(violators) == 0  # violating pairs, if any, lie in the root's set: solved to tol
                 if converged:
                     break
-                fed_back = np.vstack((fed_back, self._gather_rows(comm, violators)))
+                fed_back = np.vstack((fed_back, violators))
         if not converged:
             warnings.warn(f"Cascade SVM stopped at max_passes={self.max_passes} before its support vectors "
                           f"settled (KKT gap over all samples {gap:.3g}, tol {self.tol})", ConvergenceWarning,

@@ -62,7 +62,9 @@ def test_single_pass_warns_unless_optimal_and_still_predicts_alike_everywhere(co
         warnings.simplefilter("always")
         model = CascadeSVM(max_passes=1, comm=comm).fit(X_train, y_train)
     warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    assert model.n_iter_ == 1 and warned == (not model.converged_) and model.converged_ == (model.gap_ < model.tol)
+    assert model.n_iter_ == 1 and warned == (not model.converged_)
+    if model.converged_:
+        assert model.gap_ < model.tol
     if comm.size == 1:  # the one leaf solved the whole problem: the check over all samples passes
         assert model.converged_
     assert same_on_every_rank(comm, np.array([model.converged_, model.gap_]))
