@@ -7,9 +7,15 @@ previous pass; the support vectors then move up a binary tree: at level ``l``
 trains on the union of both sets. Rank counts need not be powers of two (a rank
 without partner just carries its set up a level). After ``ceil(log2 p)`` levels
 rank 0 holds the pass's model; it broadcasts its support vectors, which start
-the next pass on every rank. Passes stop when the root's support-vector set is
-the one of the previous pass, or its dual objective changed by at most
-``objective_rtol`` (relative); the last broadcast is the final model.
+the next pass on every rank. The support vectors have settled when the root's
+set is the one of the previous pass, or its dual objective changed by at most
+``objective_rtol`` (relative). Then every rank checks the KKT conditions of the
+broadcast model on its own block (the solves only ever saw subsets: two
+non-support vectors in different leaves may form a violating pair no solve
+sees): passes stop when no sample outside the root's set violates them (the
+KKT gap over all samples is then the root solve's, below ``tol``); otherwise
+the violating samples join the fed-back set. The bias is LIBSVM's over all
+samples (from the same check), not the root's over its subset.
 
 Sets travel as rows ``(global index, label -1/+1, alpha, features...)`` of
 ``d + 3`` float64 values, so a rank trains only on samples it owns or received.
@@ -20,7 +26,9 @@ leaf gets the fed-back set); both starts satisfy ``y^T alpha = 0``.
 
 Communication per pass, with ``k`` support vectors in a set: one message of
 ``8 k (d + 3)`` bytes per tree edge (``ceil(log2 p)`` levels), then a broadcast
-of a 4-double header and ``8 k (d + 3)`` bytes from rank 0.
+of a 3-double header and ``8 k (d + 3)`` bytes from rank 0. Each check: an
+Allgatherv of 4 doubles and one of 1 int64 per rank, one of the violators' rows,
+and ``n k / p`` kernel values per rank.
 """
 import warnings
 from numbers import Real
@@ -29,8 +37,9 @@ import numpy as np
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
+from svm.gram import kernel_product
 from svm.parallel_common import ParallelSVC
-from svm.smo import DEFAULT_CACHE_BYTES, ConvergenceWarning, smo_solve
+from svm.smo import DEFAULT_CACHE_BYTES, ConvergenceWarning, bias_from_parts, bias_parts, smo_solve, up_low
 
 INDEX, LABEL, ALPHA, FEATURES = 0, 1, 2, 3  # columns of a packed sample set
 
@@ -67,7 +76,8 @@ class CascadeSVM(ParallelSVC):
     ----------
     As `ParallelSVC`; ``n_iter_`` is the number of passes, ``dual_objective_`` the
     root's in the last pass (over its training set), ``converged_`` whether the
-    passes stopped before ``max_passes``; ``smo_iter_`` counts this rank's SMO
+    passes stopped before ``max_passes`` with no KKT violator outside the root's
+    set (``gap_``: the KKT gap ``m - M`` over all samples); ``smo_iter_`` counts this rank's SMO
     iterations over all its solves.
     """
 
@@ -115,15 +125,15 @@ class CascadeSVM(ParallelSVC):
         return model
 
     @staticmethod
-    def _broadcast(comm, model, converged, width):
-        """Broadcast rank 0's model; return ``(support set, bias, objective, converged)`` on every rank."""
-        header = np.zeros(4)
+    def _broadcast(comm, model, settled, width):
+        """Broadcast rank 0's model; return ``(support set, objective, settled)`` on every rank."""
+        header = np.zeros(3)
         if comm.rank == 0:
-            header[:] = len(model[0]), converged, model[1], model[2]
+            header[:] = len(model[0]), settled, model[2]
         comm.Bcast(header)
         rows = model[0] if comm.rank == 0 else np.empty((int(header[0]), width))
         comm.Bcast(rows)
-        return rows, header[2], header[3], bool(header[1])
+        return rows, header[2], bool(header[1])
 
     def fit(self, X, y):
         """Train on the full set ``X``, ``y`` (the same on every rank); return self."""
@@ -136,20 +146,69 @@ class CascadeSVM(ParallelSVC):
         start, stop = block_range(len(X), comm.size, comm.rank)
         own = pack(np.arange(start, stop), signs[start:stop], np.zeros(stop - start), X[start:stop])
         self.smo_iter_ = 0
-        fed_back, previous, converged = own[:0], None, False
+        fed_back, previous, converged, gap = own[:0], None, False, np.inf
         for passes in range(1, self.max_passes + 1):
             root = self._pass(comm, own, fed_back)
+            settled = False
             if root is not None and previous is not None:
                 same_set = np.array_equal(root[0][:, INDEX], previous[0][:, INDEX])
-                converged = same_set or abs(root[2] - previous[2]) <= self.objective_rtol * abs(root[2])
-            fed_back, bias, objective, converged = self._broadcast(comm, root, converged, own.shape[1])
-            previous = (fed_back, bias, objective)
-            if converged:
-                break
+                settled = same_set or abs(root[2] - previous[1]) <= self.objective_rtol * abs(root[2])
+            fed_back, objective, settled = self._broadcast(comm, root, settled, own.shape[1])
+            previous = (fed_back, objective)
+            if settled or passes == self.max_passes:
+                bias, gap, violators = self._global_check(comm, own, start, fed_back)
+                violators = self._gather_rows(comm, violators)
+                converged = len(violators) == 0  # violating pairs, if any, lie in the root's set: solved to tol
+                if converged:
+                    break
+                fed_back = np.vstack((fed_back, violators))
         if not converged:
             warnings.warn(f"Cascade SVM stopped at max_passes={self.max_passes} before its support vectors "
-                          "settled", ConvergenceWarning, stacklevel=2)
-        self.converged_ = converged
+                          f"settled (KKT gap over all samples {gap:.3g}, tol {self.tol})", ConvergenceWarning,
+                          stacklevel=2)
+        self.converged_, self.gap_ = converged, gap
+        support = fed_back[:, INDEX].astype(np.int64)
         coef = fed_back[:, LABEL] * fed_back[:, ALPHA]
-        return self._end_fit(comm, fed_back[:, INDEX].astype(np.int64), fed_back[:, FEATURES:], coef, bias,
-                             objective, passes)
+        return self._end_fit(comm, support, fed_back[:, FEATURES:], coef, bias, objective, passes)
+
+    def _global_check(self, comm, own, start, model):
+        """KKT check and bias of ``model`` over *all* training samples; the same on every rank.
+
+        The root's solves see only the support vectors it is sent. Over every
+        sample, the bias is LIBSVM's (mean ``F`` over free alphas, else the
+        midpoint of ``[M, m]``, which samples with ``alpha = 0`` bound too), and the
+        KKT gap ``m - M`` tells whether the model is the optimum: a pair of
+        non-support vectors in different leaves can violate the KKT conditions
+        while no solve ever sees both.
+
+        Returns ``(bias, gap, violators)``: the packed rows (``alpha = 0``) of this
+        rank's samples that form a violating pair with some sample
+        (``F > M + tol`` in I_up or ``F < m - tol`` in I_low).
+
+        Each rank evaluates ``F`` on its own block (``n / p`` rows times ``k``
+        support vectors); one Allgatherv of 4 doubles per rank.
+        """
+        alpha = np.zeros(len(own))
+        position = model[:, INDEX].astype(np.int64) - start  # own holds the samples start, start + 1, ...
+        held = (position >= 0) & (position < len(own))
+        alpha[position[held]] = model[held, ALPHA]
+        labels = own[:, LABEL]
+        F = labels - kernel_product(self.kernel_, own[:, FEATURES:], model[:, FEATURES:],
+                                    model[:, LABEL] * model[:, ALPHA])
+        parts = np.empty(4 * comm.size)
+        comm.Allgatherv(bias_parts(F, alpha, labels, self.C), parts, [4] * comm.size)
+        parts = parts.reshape(comm.size, 4)
+        m, M = parts[:, 2].max(), parts[:, 3].min()
+        up, low = up_low(alpha, labels, self.C)
+        violating = (alpha == 0) & (up & (F > M + self.tol) | low & (F < m - self.tol))
+        return bias_from_parts(parts), float(m - M), own[violating]
+
+    @staticmethod
+    def _gather_rows(comm, rows):
+        """Allgatherv every rank's packed rows; return them all (rank order), shape ``(total, width)``."""
+        width = rows.shape[1]
+        counts = np.empty(comm.size, dtype=np.int64)
+        comm.Allgatherv(np.array([rows.size], dtype=np.int64), counts, [1] * comm.size)
+        gathered = np.empty(int(counts.sum()))
+        comm.Allgatherv(np.ascontiguousarray(rows).ravel(), gathered, counts)
+        return gathered.reshape(-1, width)

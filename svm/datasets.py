@@ -9,10 +9,12 @@ y_test)`` (float64 features, int64 labels except for files), split by
 - ``"breast_cancer"``: scikit-learn's Wisconsin breast cancer set (569 samples, 30 features;
   0 malignant, 1 benign);
 - ``"synthetic"``: `make_synthetic` with ``n`` training samples (weak scaling: grows with ``n``);
+- ``"moons"``: `make_moons`, two interleaved half circles in 2D, ``n`` training samples: a
+  non-linear boundary (an RBF kernel is needed) on which partitioned SVMs must route well;
 - any other string: the path of a file in svmlight / LIBSVM format, labels as in the file.
 
 Feature scaling: images are divided by their maximum pixel value (16 or 255) to
-lie in ``[0, 1]``; breast cancer and synthetic features are standardised with
+lie in ``[0, 1]``; breast cancer, synthetic and moons features are standardised with
 the training part's mean and standard deviation (constant features left
 centred); files are used as given (LIBSVM data sets usually come scaled).
 
@@ -27,7 +29,8 @@ import numpy as np
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
 
-NAMES = ("digits", "mnist", "breast_cancer", "synthetic")
+NAMES = ("digits", "mnist", "breast_cancer", "synthetic", "moons")
+GENERATED = ("synthetic", "moons")  # drawn for the n asked for; the others are fixed sets
 TEST_FRACTION = 0.2
 SYNTHETIC_FEATURES = 20
 
@@ -46,6 +49,16 @@ def make_synthetic(n, n_features=SYNTHETIC_FEATURES, seed=0):
     X, y = make_classification(n_samples=n, n_features=n_features, n_informative=max(2, n_features // 2),
                                n_redundant=0, n_clusters_per_class=1, class_sep=1.0, flip_y=0.01,
                                random_state=seed)
+    return X, y.astype(np.int64)
+
+
+def make_moons(n, seed=0, noise=0.2):
+    """Return ``(X, y)``: ``n`` points of scikit-learn's ``make_moons`` (2 features, Gaussian noise ``noise``)."""
+    from sklearn.datasets import make_moons as sklearn_moons
+
+    if n < 2:
+        raise InputError(f"moons data need n >= 2 samples, got n={n}")
+    X, y = sklearn_moons(n_samples=n, noise=noise, random_state=seed)
     return X, y.astype(np.int64)
 
 
@@ -104,14 +117,14 @@ def load_dataset(name_or_path, n=None, seed=0, test_fraction=TEST_FRACTION, n_fe
     name_or_path : str or Path
         One of `NAMES`, or the path of an svmlight / LIBSVM file.
     n : int, optional
-        Training samples to keep (required for ``"synthetic"``); at most the training part's size.
+        Training samples to keep (required for ``"synthetic"`` and ``"moons"``); at most the training part's size.
     seed : int
-        Seed of the shuffle before splitting, and of the synthetic generator.
+        Seed of the shuffle before splitting, and of the generated sets.
     test_fraction : float
-        Share of the samples held out for testing (synthetic: the test part has
+        Share of the samples held out for testing (generated sets: the test part has
         ``round(n * test_fraction / (1 - test_fraction))`` extra samples).
     n_features : int
-        Features of the synthetic set.
+        Features of the synthetic set (moons have 2).
 
     Raises
     ------
@@ -121,13 +134,13 @@ def load_dataset(name_or_path, n=None, seed=0, test_fraction=TEST_FRACTION, n_fe
     if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
         raise InputError(f"n must be a positive number of training samples, got {n!r}")
     name = str(name_or_path)
-    if name == "synthetic":
+    if name in GENERATED:
         if n is None:
-            raise InputError("the synthetic data set needs n, the number of training samples")
+            raise InputError(f"the {name} data set needs n, the number of training samples")
         if not 0 < test_fraction < 1:
             raise InputError(f"test_fraction must lie in (0, 1), got {test_fraction}")
         n_test = max(1, round(n * test_fraction / (1 - test_fraction)))
-        X, y = make_synthetic(n + n_test, n_features, seed)
+        X, y = make_synthetic(n + n_test, n_features, seed) if name == "synthetic" else make_moons(n + n_test, seed)
         parts = train_test_split(X, y, n_test / (n + n_test), seed)
     elif name in NAMES:
         parts = train_test_split(*_bundled(name), test_fraction, seed)
@@ -140,6 +153,6 @@ def load_dataset(name_or_path, n=None, seed=0, test_fraction=TEST_FRACTION, n_fe
         if n > len(X_train):
             raise InputError(f"data set {name!r} has {len(X_train)} training samples, asked for n={n}")
         X_train, y_train = X_train[:n], y_train[:n]
-    if name in ("breast_cancer", "synthetic"):
+    if name in ("breast_cancer",) + GENERATED:
         X_train, X_test = standardise(X_train, X_test)
     return X_train, X_test, y_train, y_test

@@ -24,7 +24,8 @@ from kernels.distribution import block_range
 from kernels.errors import InputError
 from svm.gram import kernel_product
 from svm.parallel_common import ParallelSVC
-from svm.partition import LocalModels, check_positive_int, gather_labels
+from svm.local_models import LocalModels
+from svm.partition import check_positive_int, gather_labels
 from svm.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
 
 
@@ -90,8 +91,9 @@ def kernel_kmeans(S, kernel, k, comm, rng, max_iter=30):
         mean_rows = rows @ clusters.weights()  # (block, k): mean of K(x_i, S_c)
         own = labels[start:stop]
         sizes = np.bincount(labels, minlength=k)
-        comm.Allreduce(np.bincount(own, weights=mean_rows[np.arange(len(own)), own] / np.maximum(sizes[own], 1),
-                                   minlength=k), within)
+        local = np.zeros(k)  # float64 even for an empty block (np.bincount would give int64 there)
+        np.add.at(local, own, mean_rows[np.arange(len(own)), own] / np.maximum(sizes[own], 1))
+        comm.Allreduce(local, within)
         clusters.self_terms = np.where(sizes > 0, within, np.inf)
         new = gather_labels(comm, np.argmin(clusters.self_terms - 2.0 * mean_rows, axis=1), m)
         if np.array_equal(new, labels) or n_iter == max_iter:
@@ -150,7 +152,7 @@ class DCSVM(ParallelSVC):
         Cluster of each training sample at each level (index 0: level 1).
     clusters_ : svm.partition.KernelClusters
         The level-1 clusters (routing for early prediction).
-    early_models_ : svm.partition.LocalModels
+    early_models_ : svm.local_models.LocalModels
         The level-1 models of each cluster.
     bytes_sent_ : float
 

@@ -37,8 +37,8 @@ from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
 from svm.gram import KernelRowCache
 from svm.parallel_common import CountingComm, ParallelSVC
-from svm.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, _up_low, check_samples,
-                     check_solver_options)
+from svm.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, up_low, bias_from_parts,
+                     check_samples, check_solver_options, pair_step)
 
 #: Width of a candidate record: key, global index, then four payload values.
 RECORD = 6
@@ -92,7 +92,7 @@ class _BlockSolver:
         self.alpha = np.zeros(self.stop - self.start)
         self.F = self.y_block.copy()
         self.diag = kernel.diagonal(X[self.start:self.stop])
-        self.up, self.low = _up_low(self.alpha, self.y_block, C)
+        self.up, self.low = up_low(self.alpha, self.y_block, C)
         self.cache = KernelRowCache(kernel, X, cache_bytes)
         self.cache.set_columns(np.arange(self.start, self.stop))
         self.best = _BestCandidates(comm)
@@ -119,19 +119,14 @@ class _BlockSolver:
 
     def update(self, i, F_i, alpha_i, diag_i, j, F_j, alpha_j, diag_j, K_ij, row_i):
         """Apply the clipped Newton step of `svm.smo` to the pair (same arithmetic on every rank)."""
-        C, yi, yj = self.C, self.y[i], self.y[j]
-        curvature = diag_i + diag_j - 2.0 * K_ij
-        step = (F_i - F_j) / (curvature if curvature > 0 else TAU)
-        room_i = C - alpha_i if yi > 0 else alpha_i
-        room_j = alpha_j if yj > 0 else C - alpha_j
-        step = min(step, room_i, room_j)
-        new_i = (C if yi > 0 else 0.0) if step == room_i else alpha_i + yi * step
-        new_j = (0.0 if yj > 0 else C) if step == room_j else alpha_j - yj * step
+        C = self.C
+        step, new_i, new_j = pair_step(C, self.y[i], self.y[j], alpha_i, alpha_j, F_i, F_j,
+                                       diag_i + diag_j - 2.0 * K_ij)
         for index, value in ((i, new_i), (j, new_j)):
             if self.start <= index < self.stop:
                 k = index - self.start
                 self.alpha[k] = value
-                self.up[k], self.low[k] = _up_low(value, self.y_block[k], C)
+                self.up[k], self.low[k] = up_low(value, self.y_block[k], C)
         change = row_i - self.cache.row(j)
         change *= step
         self.F -= change
@@ -152,10 +147,7 @@ class _BlockSolver:
         total = np.empty(3)
         self.comm.Allreduce(local, total)
         free_sum, n_free, objective_twice = total
-        if n_free > 0:
-            bias = free_sum / n_free
-        else:
-            bias = (m + M) / 2 if np.isfinite(m) and np.isfinite(M) else (m if np.isfinite(m) else M)
+        bias = bias_from_parts([free_sum, n_free, m, M])
         alpha = np.empty(len(self.y))
         self.comm.Allgatherv(self.alpha, alpha, block_counts(len(self.y), self.comm.size))
         return SMOResult(alpha, float(bias), n_iter, 0.5 * float(objective_twice), m - M, m - M < self.tol)

@@ -7,8 +7,8 @@
   by first-come-first-served (FCFS) assignment to k-means++ centres or by
   balanced k-means, optionally keeping the global class ratio in every
   partition (CA-SVM; computed redundantly on every rank, without communication).
-- `LocalModels`: one small SVM per partition, evaluated on the partition each
-  query point is routed to (CP-SVM, CA-SVM, DC-SVM's early prediction).
+
+Routing of queries to the partitions' models lives in `svm.local_models`.
 
 ``comm`` arguments are `svm.parallel_common.CountingComm` wrappers (they count
 ``bytes_sent`` by that module's convention). Every rank passes the same data.
@@ -19,7 +19,7 @@ import numpy as np
 
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from svm.gram import kernel_product, squared_norms
+from svm.gram import squared_norms
 
 
 def check_positive_int(name, value):
@@ -236,39 +236,3 @@ def balanced_partition(X, parts, method="fcfs", codes=None, seed=0, max_iter=100
         if previous is not None and np.array_equal(previous, labels):
             break
     return labels, centres, n_iter
-
-
-def nearest_centre(X, centres, usable=None):
-    """Index of the nearest centre of each row of ``X`` among the ``usable`` ones (default all)."""
-    distances = squared_distances(X, centres)
-    if usable is not None:
-        distances[:, ~usable] = np.inf
-    return np.argmin(distances, axis=1)
-
-
-@dataclass
-class LocalModels:
-    """One binary SVM per partition; a query is answered by the model of the partition it is routed to.
-
-    The decision value of a query routed to partition ``q`` is
-    ``sum_{i in q} coef_i K(sv_i, x) + bias[q]``.
-    """
-
-    support: np.ndarray  #: (s,) training indices of the support vectors, grouped by partition
-    support_vectors: np.ndarray  #: (s, d)
-    coef: np.ndarray  #: (s,) ``y_i alpha_i``
-    partition: np.ndarray  #: (s,) partition of each support vector
-    bias: np.ndarray  #: (parts,)
-
-    def check(self, X):
-        """InputError unless ``X`` has the training data's number of features."""
-        if X.shape[1] != self.support_vectors.shape[1]:
-            raise InputError(f"X has {X.shape[1]} features, the model was fitted with {self.support_vectors.shape[1]}")
-
-    def decision(self, kernel, X, routes):
-        """Decision value of each row of ``X`` from the model of partition ``routes[i]``."""
-        values = self.bias[routes].astype(np.float64)
-        for part in np.unique(routes):
-            rows, own = routes == part, self.partition == part
-            values[rows] += kernel_product(kernel, X[rows], self.support_vectors[own], self.coef[own])
-        return values

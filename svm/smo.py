@@ -17,6 +17,7 @@ from svm.gram import KernelRowCache, kernel_product
 
 DEFAULT_CACHE_BYTES = 200 * 10**6
 TAU = 1e-12  # stands in for a non-positive a_ij = K_ii + K_jj - 2 K_ij
+SNAP = 1e-12  # an alpha within SNAP * C of a bound is put on it (rounding must not make it free)
 
 
 class ConvergenceWarning(UserWarning):
@@ -71,7 +72,7 @@ def check_solver_options(C, tol, max_iter):
         raise InputError(f"max_iter must be None or a positive integer, got {max_iter!r}")
 
 
-def _up_low(alpha, y, C):
+def up_low(alpha, y, C):
     """Masks of I_up (alpha_i may move along y_i) and I_low (along -y_i)."""
     positive = y > 0
     return positive & (alpha < C) | ~positive & (alpha > 0), positive & (alpha > 0) | ~positive & (alpha < C)
@@ -81,6 +82,55 @@ def _extremes(F, up, low):
     """``m = max F over I_up`` (-inf if empty) and ``M = min F over I_low`` (inf if empty)."""
     m = np.max(F, where=up, initial=-np.inf)
     return float(m), float(np.min(F, where=low, initial=np.inf))
+
+
+def snap(alpha, C):
+    """``alpha`` (array or scalar) with values within ``SNAP * C`` of 0 or ``C`` put on that bound."""
+    tolerance = SNAP * C
+    return np.where(alpha < tolerance, 0.0, np.where(alpha > C - tolerance, C, alpha))
+
+
+def pair_step(C, y_i, y_j, alpha_i, alpha_j, F_i, F_j, curvature):
+    """Clipped Newton step ``t`` of the pair (i up by ``y_i t``, j down by ``y_j t``); return ``(t, new a_i, new a_j)``.
+
+    A new alpha that lands within ``SNAP * C`` of a bound (``C - a_i + a_j`` rounds
+    differently from the room it was clipped to) is put on the bound, so that it
+    does not count as free. Shared by `smo_solve` and `svm.dis_smo` (same iterates).
+    """
+    step = (F_i - F_j) / (curvature if curvature > 0 else TAU)
+    room_i = C - alpha_i if y_i > 0 else alpha_i
+    room_j = alpha_j if y_j > 0 else C - alpha_j
+    step = min(step, room_i, room_j)
+    new_i = (C if y_i > 0 else 0.0) if step == room_i else float(snap(alpha_i + y_i * step, C))
+    new_j = (0.0 if y_j > 0 else C) if step == room_j else float(snap(alpha_j - y_j * step, C))
+    return step, new_i, new_j
+
+
+def bias_parts(F, alpha, y, C):
+    """Terms of the bias over some samples: ``[sum of F over free alphas, free count, m, M]``.
+
+    Blocks that together hold every sample each give their parts; `bias_from_parts`
+    combines them (sums add, ``m`` takes the max, ``M`` the min). Empty blocks give
+    ``[0, 0, -inf, inf]``.
+    """
+    m, M = _extremes(F, *up_low(alpha, y, C))
+    free = (alpha > 0) & (alpha < C)
+    return np.array([F[free].sum(), np.count_nonzero(free), m, M])
+
+
+def bias_from_parts(parts):
+    """LIBSVM's bias (``-rho`` of ``calculate_rho``) from `bias_parts` of blocks, shape ``(blocks, 4)`` or ``(4,)``.
+
+    The mean of ``F`` over the free alphas; without a free alpha, the midpoint
+    ``(m + M) / 2`` of the interval of feasible biases, taken over *all* samples
+    (the bounded ones decide it; one class alone: the finite end).
+    """
+    parts = np.atleast_2d(parts)
+    free_sum, n_free = parts[:, 0].sum(), parts[:, 1].sum()
+    if n_free > 0:
+        return float(free_sum / n_free)
+    m, M = float(parts[:, 2].max()), float(parts[:, 3].min())
+    return (m + M) / 2 if np.isfinite(m) and np.isfinite(M) else (m if np.isfinite(m) else M)
 
 
 class _Solver:
@@ -102,7 +152,7 @@ class _Solver:
         where = slice(None) if self.active is None else self.active
         self.a, self.f = self.alpha[where], self.F[where]
         self.ya, self.qd = self.y[where], self.diag[where]
-        self.up, self.low = _up_low(self.a, self.ya, self.C)
+        self.up, self.low = up_low(self.a, self.ya, self.C)
 
     def _store(self):
         if self.active is not None:
@@ -134,19 +184,13 @@ class _Solver:
         """Move ``alpha_i`` by ``y_i t`` and ``alpha_j`` by ``-y_j t`` with the clipped Newton step t."""
         row_j = self.cache.row(self._global(j))
         a, C = self.a, self.C
-        yi, yj = self.ya[i], self.ya[j]
         curvature = self.qd[i] + self.qd[j] - 2.0 * row_i[j]
-        step = (self.f[i] - self.f[j]) / (curvature if curvature > 0 else TAU)
-        room_i = C - a[i] if yi > 0 else a[i]
-        room_j = a[j] if yj > 0 else C - a[j]
-        step = min(step, room_i, room_j)
-        a[i] = (C if yi > 0 else 0.0) if step == room_i else a[i] + yi * step
-        a[j] = (0.0 if yj > 0 else C) if step == room_j else a[j] - yj * step
+        step, a[i], a[j] = pair_step(C, self.ya[i], self.ya[j], a[i], a[j], self.f[i], self.f[j], curvature)
         change = row_i - row_j
         change *= step
         self.f -= change
         for k in (i, j):
-            self.up[k], self.low[k] = _up_low(a[k], self.ya[k], C)
+            self.up[k], self.low[k] = up_low(a[k], self.ya[k], C)
 
     def shrink(self, unshrunk):
         """Drop samples that cannot join a violating pair; unshrink once near the end.
@@ -206,15 +250,10 @@ class _Solver:
 
     def result(self, n_iter, converged):
         """Bias (LIBSVM's rho, negated), objective and gap of the final ``alpha``, as an `SMOResult`."""
-        alpha, F, y, C = self.alpha, self.F, self.y, self.C
-        m, M = _extremes(F, self.up, self.low)
-        free = (alpha > 0) & (alpha < C)
-        if free.any():
-            bias = float(F[free].mean())
-        else:
-            bias = (m + M) / 2 if np.isfinite(m) and np.isfinite(M) else (m if np.isfinite(m) else M)
+        alpha, F, y = self.alpha, self.F, self.y
+        parts = bias_parts(F, alpha, y, self.C)
         objective = 0.5 * float(alpha @ (-y * F - 1.0))
-        return SMOResult(alpha, bias, n_iter, objective, m - M, converged)
+        return SMOResult(alpha, bias_from_parts(parts), n_iter, objective, parts[2] - parts[3], converged)
 
 
 def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CACHE_BYTES,
@@ -233,7 +272,9 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
         Stop when the KKT gap ``m(alpha) - M(alpha) < tol`` (LIBSVM's ``eps``).
     alpha0 : ndarray of shape (n,), optional
         Feasible starting point (warm start): ``0 <= alpha0 <= C`` and ``y @ alpha0 = 0``
-        up to rounding. Default: zeros.
+        up to rounding. Values within ``SNAP * C`` of a bound start on it (a sum
+        of alphas one ulp below ``C`` is at the bound, not free: the bias is taken
+        from the free alphas). Default: zeros.
     cache_bytes : int
         Memory bound for the LRU cache of kernel rows.
     shrinking : bool
@@ -267,7 +308,7 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
             raise InputError(f"alpha0 must be {n} finite numbers, got shape {alpha.shape}")
         if alpha.min() < -slack or alpha.max() > C + slack or abs(y @ alpha) > slack:
             raise InputError("alpha0 is infeasible: need 0 <= alpha0 <= C and y @ alpha0 = 0")
-        np.clip(alpha, 0.0, C, out=alpha)
+        alpha = snap(np.clip(alpha, 0.0, C), C)
     if max_iter is None:
         max_iter = max(10_000_000, 100 * n)
     solver = _Solver(X, y, kernel, float(C), float(tol), alpha, cache_bytes, shrinking)

@@ -1,4 +1,6 @@
 """Cascade SVM (svm/cascade.py): the serial optimum from a tree of partial solves, any rank count."""
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -9,6 +11,7 @@ from svm.smo import ConvergenceWarning
 from svm.svc import SVC
 
 datasets = pytest.importorskip("sklearn.datasets")
+sklearn_svm = pytest.importorskip("sklearn.svm")
 
 
 def split_problem(n_train=241, n_test=120, seed=1):
@@ -53,12 +56,50 @@ def test_blocks_of_one_class_pass_their_samples_up(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_single_pass_warns_and_still_predicts_alike_everywhere(comm):
+def test_single_pass_warns_unless_optimal_and_still_predicts_alike_everywhere(comm):
     X_train, X_test, y_train, _ = split_problem(n_train=101)
-    with pytest.warns(ConvergenceWarning):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model = CascadeSVM(max_passes=1, comm=comm).fit(X_train, y_train)
-    assert not model.converged_ and model.n_iter_ == 1
+    warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert model.n_iter_ == 1 and warned == (not model.converged_)
+    if model.converged_:
+        assert model.gap_ < model.tol
+    if comm.size == 1:  # the one leaf solved the whole problem: the check over all samples passes
+        assert model.converged_
+    assert same_on_every_rank(comm, np.array([model.converged_, model.gap_]))
     assert same_on_every_rank(comm, model.predict(X_test))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("n, noise, seed", [(100, 0.1, 0), (200, 0.2, 1), (301, 0.3, 2)])
+def test_without_free_support_vectors_the_bias_and_the_model_are_the_serial_ones(comm, n, noise, seed):
+    # RBF gamma 2, C = 0.01 on two moons: every alpha (almost) at C, so the bias is the midpoint of
+    # [M, m] over all samples; (301, 0.3, 2) also has a KKT-violating pair of non-support vectors
+    # that sit in different leaves on 4 ranks.
+    X, y = datasets.make_moons(n, noise=noise, random_state=seed)
+    X_test, y_test = datasets.make_moons(400, noise=noise, random_state=seed + 100)
+    model = CascadeSVM(C=0.01, gamma=2.0, comm=comm).fit(X, y)
+    reference = sklearn_svm.SVC(C=0.01, gamma=2.0).fit(X, y)
+    assert model.converged_ and model.gap_ < model.tol
+    assert model.dual_objective_ == pytest.approx(SVC(C=0.01, gamma=2.0).fit(X, y).dual_objective_[0], rel=1e-4)
+    assert model.intercept_[0] == pytest.approx(reference.intercept_[0], abs=2e-3)
+    assert model.score(X_test, y_test) == reference.score(X_test, y_test)
+    alpha = np.abs(model.dual_coef_[0])
+    assert not np.any((alpha > 0.01 - 1e-9) & (alpha < 0.01))  # none a few ulps below C (a "free" one)
+    assert same_on_every_rank(comm, model.decision_function(X_test))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_fewer_samples_than_ranks_leave_empty_blocks(comm):
+    X, y = np.array([[0.0, 0.0], [1.0, 1.0], [0.2, 0.1]]), np.array([0, 1, 0])
+    model = CascadeSVM(comm=comm, tol=1e-9).fit(X, y)
+    serial = SVC().fit(X, y)
+    assert model.converged_
+    assert model.intercept_[0] == pytest.approx(serial.intercept_[0], abs=1e-8)
+    grid = np.random.default_rng(0).normal(size=(50, 2))
+    np.testing.assert_allclose(model.decision_function(grid), serial.decision_function(grid), atol=1e-8)
+    assert same_on_every_rank(comm, model.decision_function(X))
 
 
 def test_union_keeps_distinct_samples_and_sums_their_alphas():

@@ -5,7 +5,10 @@ import pytest
 from kernels.datasets import load_digits
 from kernels.errors import InputError
 from svm.casvm import CASVM, CPSVM
+from svm.local_models import neighbour_vote
 from svm.svc import SVC
+
+datasets = pytest.importorskip("sklearn.datasets")
 
 ESTIMATORS = [
     pytest.param(CPSVM, {}, id="cp"),
@@ -47,6 +50,18 @@ def test_accuracy_is_close_to_the_serial_svc_and_every_rank_agrees(comm, estimat
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("estimator, options", ESTIMATORS)
+def test_on_two_moons_the_routed_models_are_within_two_points_of_the_serial_svc(comm, estimator, options):
+    # Balanced partitions are not compact: routing by the nearest partition mean lost up to 25 points here.
+    X, y = datasets.make_moons(1100, noise=0.2, random_state=0)
+    X, X_test, y, y_test = X[:700], X[700:], y[:700], y[700:]
+    serial = SVC().fit(X, y).score(X_test, y_test)
+    model = estimator(comm=comm, **options).fit(X, y)
+    assert model.score(X_test, y_test) >= serial - 0.02
+    assert same_everywhere(comm, model.predict(X_test))
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("estimator, options", CA_ESTIMATORS)
 def test_ca_partitions_are_balanced_and_training_sends_nothing(comm, estimator, options):
     X, y, _, _ = even_odd_digits()
@@ -74,14 +89,32 @@ def test_cp_traffic_is_kmeans_plus_model_exchange(comm):
     np.testing.assert_array_equal(model.partition_sizes_, np.bincount(model.partition_labels_, minlength=p))
 
 
+def routes_by_definition(model, X_train, X_test):
+    """Partition of the nearest centre, or the most common among the 5 nearest training points
+    (ties: the nearest point's partition among the tied ones), by plain loops."""
+    labels, p = model.partition_labels_, len(model.partition_sizes_)
+    routes = []
+    for x in X_test:
+        if model.routing == "centre":
+            routes.append(int(np.argmin(((model.centres_ - x) ** 2).sum(axis=1))))
+            continue
+        order = np.argsort(((X_train - x) ** 2).sum(axis=1), kind="stable")[:5]
+        votes = np.bincount(labels[order], minlength=p)
+        tied = np.flatnonzero(votes == votes.max())
+        routes.append(next(int(labels[i]) for i in order if labels[i] in tied))
+    return np.array(routes)
+
+
 @pytest.mark.mpi(min_size=1)
-def test_each_query_gets_the_model_of_its_nearest_partition(comm):
+@pytest.mark.parametrize("routing", ["centre", "neighbours"])
+def test_each_query_gets_the_model_of_its_routed_partition(comm, routing):
     X, y, X_test, _ = even_odd_digits()
-    model = CASVM(comm=comm, method="kmeans", tol=1e-5).fit(X, y)
+    model = CASVM(comm=comm, method="kmeans", tol=1e-5, routing=routing).fit(X, y)
     mine = model.partition_labels_ == comm.rank
     local = SVC(gamma=model.kernel_.gamma, tol=1e-5).fit(X[mine], y[mine])
-    distances = ((X_test[:, None, :] - model.centres_[None, :, :]) ** 2).sum(axis=2)
-    routed_here = np.argmin(distances, axis=1) == comm.rank
+    routes = routes_by_definition(model, X, X_test)
+    np.testing.assert_array_equal(model.route(X_test), routes)
+    routed_here = routes == comm.rank
     assert routed_here.any()
     np.testing.assert_allclose(model.decision_function(X_test[routed_here]),
                                local.decision_function(X_test[routed_here]), atol=1e-3)
@@ -113,3 +146,16 @@ def test_more_ranks_than_samples_is_an_input_error(comm):
     one_of_each = [np.flatnonzero(y == "even")[0], np.flatnonzero(y == "odd")[0]]
     with pytest.raises(InputError, match="one sample per rank"):
         CASVM(comm=comm).fit(X[one_of_each], y[one_of_each])
+
+
+def test_neighbour_vote_counts_the_nearest_points_and_breaks_ties_by_the_nearest():
+    points = np.array([[0.0], [1.0], [2.0], [3.0], [10.0], [11.0]])
+    labels = np.array([2, 0, 0, 1, 1, 1])
+    queries = np.array([[0.4], [2.6], [9.0], [-5.0]])
+    # 0.4: neighbours 0 (p2), 1 (p0), 2 (p0) -> p0 wins 2 to 1 although the nearest point is in p2.
+    # 2.6: neighbours 3 (p1), 2 (p0), 1 (p0) -> p0.  9.0: 4, 5, 3, all p1.
+    np.testing.assert_array_equal(neighbour_vote(queries[:3], points, labels, 3, k=3), [0, 0, 1])
+    # Ties (k=2): 2.6 -> points 3 (p1) and 2 (p0): the nearest, p1; -5.0 -> points 0 (p2) and 1 (p0): p2.
+    np.testing.assert_array_equal(neighbour_vote(queries[1:], points, labels, 3, k=2, block_rows=1), [1, 1, 2])
+    assert neighbour_vote(queries, points, labels, 3, k=99).dtype == np.int64  # k above n: all points vote
+    assert neighbour_vote(queries[:0], points, labels, 3).shape == (0,)

@@ -133,6 +133,43 @@ def test_the_warm_start_needs_fewer_iterations_than_a_cold_solve(comm):
     assert model.n_iter_ < 0.5 * cold.n_iter
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_kernel_kmeans_of_fewer_points_than_ranks_gives_the_serial_clusters(comm, m):
+    # Blocks of the sample are empty on some ranks: their partial sums must still be float64.
+    S = datasets.make_moons(m + 10, noise=0.2, random_state=5)[0][:m]
+    kernel = make_kernel("rbf", S, gamma=1.0)
+    ours = kernel_kmeans(S, kernel, 2, CountingComm(comm), np.random.default_rng(3))
+    serial = kernel_kmeans(S, kernel, 2, CountingComm(MPI.COMM_SELF), np.random.default_rng(3))
+    np.testing.assert_array_equal(ours.labels, serial.labels)
+    np.testing.assert_allclose(ours.self_terms, serial.self_terms, rtol=1e-12)
+    assert ours.self_terms.dtype == np.float64 and same_everywhere(comm, ours.self_terms)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("options", [{"sample_size": 3}, {"sample_size": 1}, {"n_levels": 3, "sample_size": 100},
+                                     {"n_levels": 2, "n_clusters": 3, "sample_size": 5}])
+def test_tiny_samples_and_deep_levels_still_give_the_serial_model(comm, options):
+    X, y = datasets.make_moons(250, noise=0.2, random_state=0)
+    model = DCSVM(comm=comm, tol=1e-5, **options).fit(X, y)
+    serial = SVC(tol=1e-5).fit(X, y)
+    assert model.dual_objective_ == pytest.approx(serial.dual_objective_[0], rel=1e-6)
+    np.testing.assert_allclose(model.decision_function(X), serial.decision_function(X), atol=1e-3)
+    assert same_everywhere(comm, model.decision_function(X))
+    assert same_everywhere(comm, model.predict(X, early=True))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_fewer_samples_than_ranks_and_one_class_clusters(comm):
+    X, y = np.array([[0.0, 0.0], [1.0, 1.0], [0.2, 0.1]]), np.array([0, 1, 0])
+    model = DCSVM(comm=comm, n_clusters=3, tol=1e-9).fit(X, y)  # clusters of one sample: one class each
+    serial = SVC(tol=1e-9).fit(X, y)
+    assert model.intercept_[0] == pytest.approx(serial.intercept_[0], abs=1e-8)
+    grid = np.random.default_rng(0).normal(size=(50, 2))
+    np.testing.assert_allclose(model.decision_function(grid), serial.decision_function(grid), atol=1e-8)
+    assert same_everywhere(comm, model.predict(X, early=True))
+
+
 def test_clusters_go_to_the_least_loaded_rank_largest_first():
     np.testing.assert_array_equal(deal_largest_first(np.array([5, 9, 4, 4, 1]), 2), [1, 0, 1, 0, 1])
     np.testing.assert_array_equal(deal_largest_first(np.array([3, 0]), 4), [0, 1])

@@ -1,6 +1,7 @@
 """k-means, balanced partitions and kernel k-means (svm/partition.py) against sklearn and serial references."""
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from kernels.errors import InputError
 from svm.parallel_common import CountingComm
@@ -104,4 +105,16 @@ def test_kmeans_plus_plus_start_reaches_sklearn_inertia(comm):
     ours = distributed_kmeans(X, 5, CountingComm(comm), seed=1)
     best = cluster.KMeans(5, n_init=10, random_state=0).fit(X).inertia_
     assert ours.inertia <= 1.001 * best
+    assert gathered_equal(comm, ours.labels) and gathered_equal(comm, ours.centres)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 2), (5, 3)])
+def test_distributed_lloyd_with_empty_blocks_matches_one_rank(comm, n, k):
+    X = np.random.default_rng(n).normal(size=(n, 2))  # fewer points than ranks: some blocks are empty
+    ours = distributed_kmeans(X, k, CountingComm(comm), seed=2)
+    alone = distributed_kmeans(X, k, CountingComm(MPI.COMM_SELF), seed=2)
+    np.testing.assert_array_equal(ours.labels, alone.labels)
+    np.testing.assert_allclose(ours.centres, alone.centres, rtol=1e-12)
+    assert ours.inertia == pytest.approx(alone.inertia, rel=1e-12, abs=1e-15)
     assert gathered_equal(comm, ours.labels) and gathered_equal(comm, ours.centres)

@@ -4,7 +4,7 @@ import pytest
 
 from kernels.errors import InputError
 from svm.gram import KernelRowCache, make_kernel
-from svm.smo import ConvergenceWarning, smo_solve
+from svm.smo import ConvergenceWarning, bias_from_parts, bias_parts, pair_step, smo_solve
 from svm.svc import SVC
 
 sklearn_svm = pytest.importorskip("sklearn.svm")
@@ -183,6 +183,48 @@ def test_shrinking_an_already_optimal_problem_keeps_it_solvable():
     shrunk = smo_solve(X, y, kernel, C=C, shrinking=True)
     assert plain.n_iter == len(X) and shrunk.converged
     np.testing.assert_array_equal(shrunk.alpha, plain.alpha)
+
+
+def moons(n=100, noise=0.1, seed=0):
+    X, y = datasets.make_moons(n, noise=noise, random_state=seed)
+    return X, np.where(y == 1, 1.0, -1.0), make_kernel("rbf", X, gamma=2.0)
+
+
+@pytest.mark.parametrize("below", [lambda C: np.nextafter(C, 0.0), lambda C: C * (1 - 1e-13)])
+def test_warm_start_an_ulp_below_C_keeps_the_bias_of_the_optimum(below):
+    X, y, kernel = moons()
+    cold = smo_solve(X, y, kernel, C=0.01)
+    assert (cold.alpha == 0.01).all()  # no free alpha: the bias is the midpoint of [M, m]
+    reference = sklearn_svm.SVC(C=0.01, gamma=2.0).fit(X, y)
+    assert cold.bias == pytest.approx(reference.intercept_[0], abs=1e-9)
+    alpha0 = cold.alpha.copy()
+    alpha0[7] = below(0.01)
+    warm = smo_solve(X, y, kernel, C=0.01, alpha0=alpha0)
+    assert warm.n_iter == 0 and (warm.alpha == 0.01).all()
+    assert warm.bias == pytest.approx(cold.bias, abs=1e-12)
+
+
+@pytest.mark.parametrize("signs", [(1.0, 1.0), (-1.0, -1.0), (1.0, -1.0), (-1.0, 1.0)])
+def test_a_pair_step_that_rounds_next_to_a_bound_lands_on_it(signs):
+    C, yi, yj = 0.01, *signs
+    a_j = 0.003 if yj > 0 else C - 0.003  # room_j = 0.003: the step is clipped to it
+    a_i = np.nextafter(C - 0.003, C) if yi > 0 else np.nextafter(0.003, 0.0)  # room_i one ulp above room_j
+    step, new_i, new_j = pair_step(C, yi, yj, a_i, a_j, F_i=5.0, F_j=-5.0, curvature=1.0)
+    assert step == pytest.approx(0.003)
+    assert new_i == (C if yi > 0 else 0.0) and new_j == (0.0 if yj > 0 else C)
+    _, free_i, _ = pair_step(C, yi, yj, 0.004, 0.005, F_i=0.0011, F_j=0.001, curvature=1.0)
+    assert free_i == pytest.approx(0.004 + yi * 1e-4)  # small steps stay free
+
+
+def test_bias_parts_of_blocks_combine_to_the_bias_of_the_whole():
+    X, y, kernel = moons(n=97, noise=0.3, seed=4)
+    for C in (0.01, 1.0):
+        result = smo_solve(X, y, kernel, C=C)
+        F = y - kernel.block(X, X) @ (result.alpha * y)
+        blocks = [slice(0, 0), slice(0, 40), slice(40, 41), slice(41, 97)]
+        parts = np.array([bias_parts(F[b], result.alpha[b], y[b], C) for b in blocks])
+        assert bias_from_parts(parts) == pytest.approx(result.bias, abs=1e-9)
+        np.testing.assert_array_equal(parts[0], [0.0, 0.0, -np.inf, np.inf])
 
 
 def test_one_class_gives_zero_alphas_and_that_class_as_bias():

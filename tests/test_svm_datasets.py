@@ -59,6 +59,22 @@ def test_synthetic_is_seeded_standardised_and_sized_by_n():
     assert not np.array_equal(make_synthetic(50, 4, seed=2)[0], X)
 
 
+def test_moons_are_seeded_standardised_two_dimensional_and_not_linearly_separable():
+    X_train, X_test, y_train, y_test = parts = load_dataset("moons", n=301, seed=4)
+    assert_split(parts, 301, 75, 2)
+    for first, second in zip(parts, load_dataset("moons", n=301, seed=4)):
+        np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(X_train.mean(axis=0), 0, atol=1e-12)
+    assert set(np.unique(y_train)) == {0, 1} and y_train.dtype == np.int64
+    from sklearn.svm import SVC as SklearnSVC
+
+    linear = SklearnSVC(kernel="linear").fit(X_train, y_train).score(X_test, y_test)
+    rbf = SklearnSVC(kernel="rbf").fit(X_train, y_train).score(X_test, y_test)
+    assert rbf >= linear + 0.03
+    with pytest.raises(InputError, match="moons data set needs n"):
+        load_dataset("moons")
+
+
 def test_svmlight_file_is_read_densely_with_its_labels(tmp_path):
     rng = np.random.default_rng(0)
     X = np.round(rng.normal(size=(30, 5)), 3)

@@ -30,6 +30,8 @@ def test_sweep_of_serial_and_parallel_variants_is_valid(tmp_path):
         params = json.loads(row["params"])
         assert row["metric"] == "accuracy" and float(row["metric_value"]) == pytest.approx(params["accuracy"], rel=1e-5)
         assert params["accuracy"] >= params["reference_accuracy"] - params["tolerance"]
+        assert params["accuracy_gap"] == pytest.approx(100 * (params["reference_accuracy"] - params["accuracy"]),
+                                                       abs=0.006)
         assert (params["dataset"], params["n_features"], params["n_test"]) == ("breast_cancer", 30, 114)
         assert params["n_sv"] > 0 and params["n_iter"] > 0 and float(row["items_per_s"]) > 0
         parallel_on_two = row["variant"] in ("dis_smo", "cascade") and row["ranks"] == "2"
@@ -68,6 +70,14 @@ def test_check_counts_a_poor_model_as_wrong(variant):
         assert wrong == 1
     else:  # plus every test sample the serial SMO puts in class 1 with a clear margin
         assert wrong == 1 + evaluation["mismatches"] and evaluation["mismatches"] > 50
+
+
+def test_accuracy_gap_is_in_points_below_the_serial_reference():
+    parts = load_dataset("moons", n=120)
+    state = suite._State(MPI.COMM_SELF, "casvm", "moons", _ConstantModel(), *parts)
+    evaluation = suite._evaluate(state)
+    expected = 100 * (evaluation["reference_accuracy"] - np.mean(parts[3] == 0))
+    assert evaluation["accuracy_gap"] == pytest.approx(expected, abs=0.005) and expected > 20
 
 
 def test_missing_estimator_is_an_input_error(monkeypatch):

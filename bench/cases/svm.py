@@ -9,9 +9,9 @@ barrier, so their rows on p ranks time one core's work (and leave the rest idle)
 
 Data: setting ``SVM_DATA`` (`DATA`), a name of `svm.datasets.NAMES`
 or the path of an svmlight / LIBSVM file (default ``mnist``: the MNIST sample, odd
-vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` for sizes
-beyond a real set's training part). Size is the number of training samples (the
-first of the shuffled training part; weak scaling: samples per rank). Every rank
+vs even digits, 4,000 training and 1,000 test images; use ``synthetic`` or the
+non-linear ``moons`` for sizes beyond a real set's training part). Size is the
+number of training samples (the first of the shuffled training part; weak scaling: samples per rank). Every rank
 loads the whole set, as the estimators expect; one run is one ``fit``.
 
 Check (rank 0 counts, once per point): 1 wrong when the test accuracy falls
@@ -26,7 +26,9 @@ cached per data set and size.
 Metrics: items_per_s = training samples / s; metric ``accuracy`` (test set);
 params: dataset, n_features, n_test, n_sv, n_iter (SMO iterations; cascade: passes),
 bytes_sent (max over ranks, convention of `svm.parallel_common`), predict_s,
-reference_accuracy, tolerance, mismatches (dis_smo).
+reference_accuracy, accuracy_gap (the serial reference's test accuracy minus
+this variant's, in percentage points: positive = worse than serial), tolerance,
+mismatches (dis_smo).
 """
 import importlib
 from dataclasses import dataclass
@@ -99,8 +101,8 @@ class SVMSuite(Case):
     size_unit = "samples"
     size_help = "training samples of the data set (SVM_DATA); one run = one fit"
     default_sizes = "500,1000,2000,4000"
-    metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params n_sv, n_iter, "
-                    "bytes_sent, predict_s")
+    metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params accuracy_gap (points "
+                    "below serial), n_sv, n_iter, bytes_sent, predict_s")
     dtypes = ("float64",)
 
     description = ("Training a binary RBF C-SVM (C = 1, gamma = scale): scikit-learn's SVC and this project's "
@@ -181,7 +183,9 @@ def _evaluate(state):
         figures["bytes_sent"], figures["predict_s"] = round(largest[0]), float(largest[1])
     references = None
     if comm.rank == 0:
-        references = dict(reference_accuracy=_reference(state, "sklearn")["accuracy"])
+        reference_accuracy = _reference(state, "sklearn")["accuracy"]
+        references = dict(reference_accuracy=reference_accuracy,
+                          accuracy_gap=round(100 * (reference_accuracy - figures["accuracy"]), 2))
         if state.variant == "dis_smo":
             serial_smo = _reference(state, "smo_no_shrinking")
             decided = np.abs(serial_smo["decision"]) > SETTINGS["tol"]
