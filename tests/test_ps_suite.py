@@ -9,7 +9,7 @@ from kernels.backend import get_backend
 from kernels.errors import InputError
 from tests.clitools import mlscale, rows_of
 
-SUITE = "bench.cases.ps:ParameterServer"
+SUITE = "bench.cases.ps:ParameterServerSuite"
 
 
 def test_sweep_of_every_mode_is_valid(tmp_path):
