@@ -64,4 +64,4 @@ def test_rank_and_batch_checks(monkeypatch):
         ParameterServerSuite().check_ranks(3, "async")
     monkeypatch.setenv("MLSCALE_PS_STALENESS", "-1")
     with pytest.raises(InputError, match="MLSCALE_PS_STALENESS"):
-        ParameterServer()
+        ParameterServerSuite()
