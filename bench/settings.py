@@ -40,26 +40,25 @@ def choice(variable, text, allowed):
     return value
 
 
+def _bounded(variable, text, convert, valid, expected):
+    """``convert(text)`` when ``valid`` of it, else an `InputError` saying what was ``expected``."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise InputError(f"{variable}={text!r}: expected {expected}")
+    return value
+
+
 def integer(variable, text, allowed):
     """An integer of at least ``allowed`` (the minimum)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise InputError(f"{variable}={text!r}: expected an integer >= {allowed}") from None
-    if value < allowed:
-        raise InputError(f"{variable}={text!r}: expected an integer >= {allowed}")
-    return value
+    return _bounded(variable, text, int, lambda value: value >= allowed, f"an integer >= {allowed}")
 
 
 def number(variable, text, allowed):
-    """A float greater than ``allowed``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(f"{variable}={text!r}: expected a number > {allowed}") from None
-    if not value > allowed:
-        raise InputError(f"{variable}={text!r}: expected a number > {allowed}")
-    return value
+    """A float greater than ``allowed`` (NaN is refused)."""
+    return _bounded(variable, text, float, lambda value: value > allowed, f"a number > {allowed}")
 
 
 def byte_size(variable, text, allowed):

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 from bench.cases.blas1 import Blas1
-from bench.cases.blas_common import seeded_rows
+from bench.families.blas import seeded_rows
 from bench.cases.gemm import Gemm
 from bench.cases.gemv import Gemv
 from kernels.backend import get_backend

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from bench.cases.pp import Timeline
+from parallel.pipeline_timeline import Timeline
 from parallel.pipeline_schedule import bubble_fraction, idle_fraction
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of as csv_rows
 
-PP, HYBRID = "bench.cases.pp:Pipeline", "bench.cases.hybrid:Hybrid"
+PP, HYBRID = "bench.cases.pp:PipelineSuite", "bench.cases.hybrid:Hybrid"
 TINY_PP = dict(MLSCALE_PP_MICROBATCHES="4", MLSCALE_PP_WIDTH="24", MLSCALE_PP_LAYERS="3")
 TINY_HYBRID = dict(MLSCALE_HYBRID_HIDDEN="12", MLSCALE_HYBRID_FFN="10", MLSCALE_HYBRID_MICROBATCHES="2")
 

@@ -4,12 +4,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.cases.ps import ParameterServer
+from bench.cases.ps import ParameterServerSuite
 from kernels.backend import get_backend
 from kernels.errors import InputError
 from tests.clitools import mlscale, rows_of
 
-SUITE = "bench.cases.ps:ParameterServer"
+SUITE = "bench.cases.ps:ParameterServerSuite"
 
 
 def test_sweep_of_every_mode_is_valid(tmp_path):
@@ -53,7 +53,7 @@ def test_impossible_settings_are_input_errors(tmp_path):
 
 
 def test_rank_and_batch_checks(monkeypatch):
-    case = ParameterServer()
+    case = ParameterServerSuite()
     case.check_ranks(2, "sync")
     with pytest.raises(InputError, match="ranks"):
         case.check_ranks(1, "ssp")
@@ -61,7 +61,7 @@ def test_rank_and_batch_checks(monkeypatch):
         case.setup(SimpleNamespace(size=3, rank=0), 1, "async", get_backend("numpy"), "float64")
     monkeypatch.setenv("MLSCALE_PS_SERVERS", "3")
     with pytest.raises(InputError, match="servers"):
-        ParameterServer().check_ranks(3, "async")
+        ParameterServerSuite().check_ranks(3, "async")
     monkeypatch.setenv("MLSCALE_PS_STALENESS", "-1")
     with pytest.raises(InputError, match="MLSCALE_PS_STALENESS"):
-        ParameterServer()
+        ParameterServerSuite()

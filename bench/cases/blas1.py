@@ -5,7 +5,7 @@ of x and y. Variants: ``numpy_dot`` (``np.dot``), ``numpy_nrm2``
 (``np.linalg.norm``) and ``numpy_axpy`` (``y += a x``) on the whole vectors, one
 process with every core -- one library variant per operation, so that each kernel
 has its counterpart (``numpy_dot`` comes first: the report's ``vs_ref`` reference) --
-then the kernels ``dot``, ``nrm2`` and ``axpy``. See `bench.cases.blas_common` for
+then the kernels ``dot``, ``nrm2`` and ``axpy``. See `bench.families.blas` for
 inputs, checks, settings and metrics.
 
 Check: dot and nrm2 compare each rank's scalar with the reference rank 0 computes
@@ -20,7 +20,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import BlasCase, Cost, count_wrong, library_kernel, seeded_vector
+from bench.families.blas import BlasCase, Cost, count_wrong, library_kernel, seeded_vector
 from bench.model import log2_ceil
 from kernels import blas1
 from kernels.distribution import block_range

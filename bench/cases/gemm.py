@@ -5,7 +5,7 @@ every core; the report's reference), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`
 row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, setting ``GRID``, panel
 ``GEMM_PANEL``), ``cannon`` (`gemm_cannon`; p a perfect square) and ``25d``
 (`gemm_25d` on a q x q x c grid, c = ``GEMM_REPLICAS``; c | p and p / c a
-perfect square). See `bench.cases.blas_common` for inputs, settings and metrics.
+perfect square). See `bench.families.blas` for inputs, settings and metrics.
 
 Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
 entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
@@ -19,7 +19,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong, library_kernel,
+from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong, library_kernel,
                                      seeded_matrix, seeded_rows)
 from bench.model import log2_ceil
 from kernels.distmatrix import DistMatrix

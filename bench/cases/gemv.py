@@ -5,7 +5,7 @@ the report's reference), ``rows`` (`gemv_rows`: allgather x, local GEMV), ``cols
 (`gemv_cols`: local GEMV, reduce-scatter y) and ``2d`` (`gemv_2d` on a pr x pc
 grid, setting ``GRID``). GEMV does 2 flops per matrix entry read once: it is
 memory-bound, and the ranks of a node share its memory bandwidth. See
-`bench.cases.blas_common` for inputs, settings and metrics.
+`bench.families.blas` for inputs, settings and metrics.
 
 Check: every entry of each rank's block of y, against rows of A regenerated
 ``CHUNK_ROWS`` at a time times the whole x.
@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.cases.blas_common import (CHUNK_ROWS, GRID, VECTOR_ROW, BlasCase, Cost, count_wrong, library_kernel,
+from bench.families.blas import (CHUNK_ROWS, GRID, VECTOR_ROW, BlasCase, Cost, count_wrong, library_kernel,
                                      seeded_matrix, seeded_rows, seeded_vector)
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
 

@@ -40,16 +40,16 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.cases.pp import (LEARNING_RATE, Timeline, check_samples, count_wrong, restore, serial_step_parameters,
-                            synthetic_batch)
+from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_wrong, restore, serial_step_parameters,
+                                     synthetic_batch)
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.hybrid import AXES, HybridTrainer, check_grid, serial_model
 from parallel.models import flat_storage
 from parallel.optim import SGD
 from parallel.pipeline_schedule import SCHEDULES, theoretical_bubble
+from parallel.pipeline_timeline import Timeline
 
-SEED = 2024
 GRID_PATTERN = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
 
 

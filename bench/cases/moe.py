@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.cases.layer_common import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
+from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.settings import Setting, integer, number
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError

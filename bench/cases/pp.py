@@ -40,102 +40,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_samples, count_wrong, restore,
+                                     serial_step_parameters, synthetic_batch)
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
-from parallel.layers import softmax_cross_entropy
-from parallel.models import flat_storage, flatten_arrays, forward_backward, mlp
+from parallel.models import mlp
 from parallel.optim import SGD
-from parallel import pipeline
-from parallel.pipeline_schedule import (BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, replay,
-                                        theoretical_bubble)
-
-SEED = 2024
-LEARNING_RATE = 0.01
-CHECK_SAMPLES = 256
-TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
-TIMELINE_KEYS = ("compute", "send", "wait", "allreduce", "step")
-
-
-def synthetic_batch(size, width, classes, dtype):
-    """Standard normal inputs ``(size, width)`` and uniform labels in ``[0, classes)``, from `SEED`."""
-    rng = np.random.default_rng(SEED)
-    return rng.standard_normal((size, width)).astype(dtype), rng.integers(0, classes, size)
-
-
-def check_samples(size, unit):
-    """Samples of the check step: ``size`` up to `CHECK_SAMPLES`, else the largest multiple of ``unit`` in it."""
-    return size if size <= CHECK_SAMPLES else unit * max(1, CHECK_SAMPLES // unit)
-
-
-def serial_step_parameters(comm, build, x, y, dtype):
-    """The flat parameters of ``build()`` after one serial SGD step on ``x, y``, on every rank.
-
-    Rank 0 builds and trains the model; one ``Bcast`` hands the vector to the others.
-    """
-    flat = None
-    if comm.rank == 0:
-        model = build()
-        params, grads = flat_storage(model)
-        forward_backward(model, softmax_cross_entropy, x, y)
-        SGD([(params, grads)], LEARNING_RATE).step()
-        flat = params
-    count = comm.bcast(None if flat is None else flat.size, root=0)
-    flat = np.empty(count, dtype) if flat is None else flat
-    comm.Bcast(flat, root=0)
-    return flat
-
-
-def count_wrong(actual, expected, dtype):
-    """Elements of the arrays ``actual`` outside the suite's tolerance of ``expected``."""
-    actual, expected = flatten_arrays(actual), flatten_arrays(expected)
-    rtol = TOLERANCES[dtype]
-    atol = rtol * float(np.max(np.abs(expected))) if expected.size else 0.0
-    return int(np.count_nonzero(~np.isclose(actual, expected, rtol=rtol, atol=atol)))
-
-
-@dataclass
-class Timeline:
-    """Seconds per kind (`TIMELINE_KEYS`, plus ``tensor`` for hybrid runs) of each of a point's runs."""
-
-    runs: list = field(default_factory=list)
-
-    def add(self, timeline, **extra):
-        self.runs.append(dict(timeline, **extra))
-
-    @property
-    def steps(self):
-        return len(self.runs)
-
-    def per_step(self, kind):
-        return sum(run.get(kind, 0.0) for run in self.runs) / self.steps if self.steps else math.nan
-
-    def largest(self, kind):
-        return max(run[kind] for run in self.runs) if self.steps else math.nan
-
-    def idle_share(self, comm, share=idle_fraction, busy=lambda run: run["compute"]):
-        """Median over the runs of ``share`` (`idle_fraction` or `bubble_fraction`) across the ranks of
-        ``comm``, with ``busy(run)`` seconds as compute (collective: one allgather)."""
-        every = comm.allgather([(busy(run), run["step"]) for run in self.runs])
-        shares = [share([ranks[i][0] for ranks in every], [ranks[i][1] for ranks in every])
-                  for i in range(self.steps)]
-        return float(np.median(shares)) if shares else math.nan
-
-    def replayed_bubble(self, comm, schedule):
-        """Median over the runs of the bubble of `replay`: every stage's measured action seconds
-        (``actions`` of each run) and free messages; ``schedule`` is this rank's (collective)."""
-        every = comm.allgather((schedule, [run["actions"] for run in self.runs]))
-        schedules = [actions for actions, _ in every]
-        shares = []
-        for index in range(self.steps):
-            seconds = [runs[index] for _, runs in every]
-            shares.append(bubble_fraction([sum(stage) for stage in seconds], replay(schedules, seconds)))
-        return float(np.median(shares)) if shares else math.nan
-
-
-def restore(pairs, initial):
-    """Copy the arrays ``initial`` back into the parameters of ``pairs``."""
-    for (param, _), value in zip(pairs, initial):
-        param[...] = value
+from parallel.pipeline import Pipeline
+from parallel.pipeline_schedule import BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, theoretical_bubble
+from parallel.pipeline_timeline import Timeline
 
 
 @dataclass
@@ -144,7 +57,7 @@ class _State:
     dtype: str
     size: int
     schedule: str
-    pipeline: pipeline.Pipeline
+    pipeline: Pipeline
     optimizer: SGD
     data: tuple
     initial: list
@@ -161,7 +74,7 @@ SETTINGS = (
 )
 
 
-class Pipeline(Case):
+class PipelineSuite(Case):
     name = "pp"
     benchmark = "pipeline"
     variants = SCHEDULES
@@ -201,7 +114,7 @@ class Pipeline(Case):
         layers = self._build(dtype).layers
         bounds = partition(layers, comm.size, self.balance)
         start, stop = bounds[comm.rank]
-        stage = pipeline.Pipeline(layers[start:stop], comm, (self.width,), m, variant, dtype)
+        stage = Pipeline(layers[start:stop], comm, (self.width,), m, variant, dtype)
         optimizer = SGD(stage.parameters(), lr=LEARNING_RATE)
         offset = sum(param.size for layer in layers[:start] for param, _ in layer.parameters())
         return _State(comm, dtype, size, variant, stage, optimizer,

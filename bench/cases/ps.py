@@ -40,7 +40,7 @@ from kernels.errors import InputError
 from parallel.layers import softmax_cross_entropy
 from parallel.models import flat_storage, forward_backward, mnist_cnn, mnist_mlp
 from parallel.optim import SGD
-from parallel import param_server
+from parallel.param_server import MODES, ParameterServer, Statistics, check_roles
 
 LEARNING_RATE = 0.05
 MODELS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),
@@ -71,11 +71,11 @@ class _State:
     batch: int
     model_name: str
     model: object
-    ps: param_server.ParameterServer
+    ps: ParameterServer
     images: np.ndarray
     labels: np.ndarray
     steps: int = 0
-    statistics: Optional[param_server.Statistics] = None
+    statistics: Optional[Statistics] = None
 
 
 def global_rows(step, batch, n):
@@ -83,10 +83,10 @@ def global_rows(step, batch, n):
     return (step * batch + np.arange(batch)) % n
 
 
-class ParameterServer(Case):
+class ParameterServerSuite(Case):
     name = "ps"
     benchmark = "param_server"
-    variants = param_server.MODES
+    variants = MODES
     size_unit = "samples"
     size_help = "global batch size in samples (>= workers); one run = one global step"
     default_sizes = "64:1024"
@@ -105,7 +105,7 @@ class ParameterServer(Case):
         self.servers, self.staleness, self.model_name = (self.settings[s.name] for s in SETTINGS)
 
     def check_ranks(self, ranks, variant):
-        param_server.check_roles(ranks, self.servers)
+        check_roles(ranks, self.servers)
 
     def iterations(self, size):
         return (5, 1) if self.model_name == "cnn" else (20, 3)
@@ -113,13 +113,13 @@ class ParameterServer(Case):
     def setup(self, comm, size, variant, backend, dtype):
         if backend.name != "numpy":
             raise InputError(f"suite ps runs on the numpy backend only, not {backend.name!r}")
-        param_server.check_roles(comm.size, self.servers)
+        check_roles(comm.size, self.servers)
         workers = comm.size - self.servers
         if size < workers:
             raise InputError(f"ps: the global batch ({size}) must give each of the {workers} workers a sample")
         model = MODELS[self.model_name](np.dtype(dtype))
         flat_params, flat_grads = flat_storage(model)
-        ps = param_server.ParameterServer(comm, flat_params, flat_grads, LEARNING_RATE, mode=variant,
+        ps = ParameterServer(comm, flat_params, flat_grads, LEARNING_RATE, mode=variant,
                                           servers=self.servers, staleness=self.staleness)
         images, labels = training_images(self.model_name, dtype)
         return _State(comm, variant, dtype, size, self.model_name, model, ps, images, labels)

@@ -157,7 +157,7 @@ class SVMSuite(Case):
         samples, features = DATA_SHAPES.get(self.data, (None, None))
         if self.data == "synthetic":
             samples, features = round(problem / (1 - TEST_FRACTION)) + 1, SYNTHETIC_FEATURES
-        data = 3 * 8 * samples * features if samples else 2 * os.path.getsize(self.data)
+        data = 3 * 8 * samples * features if samples else 2 * Path(self.data).stat().st_size
         cache = min(DEFAULT_CACHE_BYTES, 8 * problem * problem) + 8 * problem * 64
         return data + cache * (2 if check else 1)
 
