@@ -7,7 +7,7 @@ from bench import resources
 from bench.case import Case
 from bench.cli import build_parser
 from bench.options import make_config
-from bench.registry import SUITES, get_case
+from bench.registry import SUITES, case_class, get_case
 from kernels.errors import InputError
 from tests.clitools import mlscale
 
@@ -140,3 +140,16 @@ def test_every_rank_of_the_job_gets_the_same_verdict(monkeypatch):
     assert f"for the {comm.size} rank(s) on this node" in message and "the node has 1.0 GiB" in message
     args = build_parser().parse_args(["run", "allreduce", "--sizes", "8,1K"])
     assert make_config(args, comm.size, comm)[1].sizes == [8, 1024]
+
+
+@pytest.mark.parametrize("data", ["digits", "mnist", "breast_cancer", "synthetic", "moons", "FILE"])
+def test_the_svm_estimate_covers_every_data_source(tmp_path, data):
+    from bench.settings import resolve
+
+    if data == "FILE":
+        data = str(tmp_path / "tiny.svm")
+        with open(data, "w") as handle:
+            handle.write("+1 1:0.5 2:1.0\n-1 1:0.1 2:0.2\n")
+    cls = case_class("svm")
+    case = cls(resolve(cls.declared_settings, [f"SVM_DATA={data}"], {}, "svm"))
+    assert 0 < case.memory_bytes(100, 2, "smo", "float64", check=False) < case.memory_bytes(100, 2, "smo", "float64")

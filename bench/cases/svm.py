@@ -58,6 +58,8 @@ TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "d
 _references = {}  # (data, n, kind) -> reference values, on rank 0
 #: (samples, features) of the bundled sets (`svm.datasets.NAMES`), for the memory estimate.
 DATA_SHAPES = {"digits": (1797, 64), "mnist": (5000, 784), "breast_cancer": (569, 30)}
+#: Features of the generated sets (`svm.datasets.GENERATED`), drawn for the size asked for.
+GENERATED_FEATURES = {"synthetic": SYNTHETIC_FEATURES, "moons": 2}
 
 
 def data_source(variable, text, allowed):
@@ -155,8 +157,8 @@ class SVMSuite(Case):
         `svm.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
         reference fit on rank 0 (as much again)."""
         samples, features = DATA_SHAPES.get(self.data, (None, None))
-        if self.data == "synthetic":
-            samples, features = round(problem / (1 - TEST_FRACTION)) + 1, SYNTHETIC_FEATURES
+        if self.data in GENERATED_FEATURES:
+            samples, features = round(problem / (1 - TEST_FRACTION)) + 1, GENERATED_FEATURES[self.data]
         data = 3 * 8 * samples * features if samples else 2 * Path(self.data).stat().st_size
         cache = min(DEFAULT_CACHE_BYTES, 8 * problem * problem) + 8 * problem * 64
         return data + cache * (2 if check else 1)
