@@ -1,0 +1,1 @@
+"""Data parallelism: gradient allreduce, gradient buckets and wire formats, the parameter server."""

@@ -1,0 +1,1 @@
+"""Sequence (context) parallelism: ring attention and all-to-all (Ulysses) attention."""

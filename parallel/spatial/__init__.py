@@ -1,0 +1,1 @@
+"""Spatial (domain) parallelism: tiles, halo exchange, halo convolutions, the domain-parallel CNN."""

@@ -1,0 +1,1 @@
+"""Tensor parallelism: column- and row-parallel linear layers, the Megatron MLP."""

@@ -1,0 +1,1 @@
+"""The serial SVM solver: kernels and kernel cache, SMO, the one-vs-one SVC estimator."""
