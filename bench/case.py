@@ -150,7 +150,7 @@ class Case:
 
     def predict(self, variant, size, ranks, calib):
         """Modelled seconds of one run from the alpha-beta-gamma constants ``calib`` (see
-        `bench.model`), or None when the suite declares no cost model. ``size`` is the
+        `bench.report.model`), or None when the suite declares no cost model. ``size`` is the
         problem size (after `problem_size`)."""
         return None
 

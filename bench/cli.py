@@ -171,8 +171,8 @@ def _strip_options(argv, options):
 
 
 def command_report(args, out):
-    from bench.model import load_calibration
-    from bench.report import write_report
+    from bench.report.model import load_calibration
+    from bench.report.scaling import write_report
 
     calib = load_calibration(args.model) if args.model else None
     if args.project and not calib:
@@ -192,7 +192,7 @@ def command_calibrate(args, argv, out):
         return run_under_mpi(2, args.launcher, forwarded)
     import json
 
-    from bench.model import calibrate
+    from bench.report.model import calibrate
 
     comm = _mpi_world()
     constants = calibrate(comm)

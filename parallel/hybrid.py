@@ -14,7 +14,7 @@ Model
     The last block's ``hidden`` outputs are the logits of a softmax cross-entropy.
 Pipeline
     Stage ``s`` holds blocks ``block_range(blocks, pp, s)`` and runs a
-    `parallel.pipeline.Pipeline` over ``pp_comm``: each tensor-parallel rank sends
+    `parallel.pipeline.stage.Pipeline` over ``pp_comm``: each tensor-parallel rank sends
     the whole (replicated) activation to the rank with its tensor index in the next
     stage (no scatter-gather optimisation: ``tp`` copies of the same message).
 Data
@@ -38,10 +38,10 @@ import numpy as np
 
 from kernels.distribution import ProcessGrid, block_counts, block_range
 from kernels.errors import InputError
-from parallel.layers import Linear, ReLU, Sequential
-from parallel.pipeline import Pipeline
-from parallel.tensor_parallel import ParallelMLP
-from parallel.optim import GradientStep
+from parallel.nn.layers import Linear, ReLU, Sequential
+from parallel.pipeline.stage import Pipeline
+from parallel.tensor.tensor_parallel import ParallelMLP
+from parallel.nn.optim import GradientStep
 
 AXES = ("dp", "tp", "pp")
 
@@ -93,7 +93,7 @@ class HybridTrainer(GradientStep):
         This rank's grid coordinates.
     blocks : list of ParallelMLP
         This stage's blocks (this rank's tensor shards), global indices `block_indices`.
-    pipeline : parallel.pipeline.Pipeline
+    pipeline : parallel.pipeline.stage.Pipeline
     """
 
     def __init__(self, comm, dp, tp, pp, hidden, ffn, blocks, micro_batches=1, schedule="1f1b", seed=0,

@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 $PY -c "import cupy, mpi4py, numpy; from mpi4py import MPI; print('cupy', cupy.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__); print(MPI.Get_library_version().splitlines()[0])"
-$PY -m pytest -q -p no:cacheprovider tests/test_backend.py
+$PY -m pytest -q -p no:cacheprovider tests/kernels/test_backend.py
 for aware in 0 1; do  # 1 must be refused by an MPI that says it is not CUDA-aware
   echo "== allreduce on one rank, cupy, MLSCALE_CUDA_AWARE=$aware"
   MLSCALE_CUDA_AWARE=$aware $PY -m bench.cli run allreduce --backend cupy --sizes 8,64K,16M --iters 5 \

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, bandwidth_metrics
-from bench.model import log2_ceil
+from bench.report.model import log2_ceil
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 

@@ -2,21 +2,21 @@
 
 Size is the sequence length ``n`` in tokens (weak scaling: per rank). One run is
 one forward pass (plus the backward pass when asked) of attention over ``n``
-tokens, arrays (heads, seq, dim) as in `parallel.attention`. Variants:
+tokens, arrays (heads, seq, dim) as in `parallel.nn.attention`. Variants:
 
-- ``full``: `parallel.attention.blockwise_attention_forward` / ``_backward`` on one
+- ``full``: `parallel.nn.attention.blockwise_attention_forward` / ``_backward`` on one
   process, the reference. It runs at any rank count so that it fits every sweep:
   rank 0 holds all tokens and computes, the other ranks hold none and wait in a
   sleeping barrier (no core stolen), so a ``full`` row at ``p`` ranks measures one
   process (params ``computing_ranks = 1``).
-- ``ring``: `parallel.ring_attention` with contiguous blocks (any ``n``).
+- ``ring``: `parallel.sequence.ring_attention` with contiguous blocks (any ``n``).
 - ``ring_zigzag``: the same with the zig-zag layout (2p chunks, any ``n``).
-- ``ulysses``: `parallel.ulysses` (any ``n``; heads must divide by the rank count,
+- ``ulysses``: `parallel.sequence.ulysses` (any ``n``; heads must divide by the rank count,
   else the point is skipped in a sweep, or an `InputError` when the variant is named).
 
 Settings (`SETTINGS`, all recorded in params): heads, head dim, causal mask,
 backward pass, and the query rows and keys per score tile (default
-`parallel.attention.TILES`); the ring variants also stream their last key / value
+`parallel.nn.attention.TILES`); the ring variants also stream their last key / value
 block in pieces of ``ATTN_KEY_TILE`` tokens.
 
 Inputs: Q, K, V, dO standard normal, drawn per 512-token block from a seed, so
@@ -49,10 +49,10 @@ from bench.settings import Setting, flag, integer
 from bench.sweep import sleeping_barrier
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.attention import (TILES, AttentionStats, attention_backward, attention_forward,
+from parallel.nn.attention import (TILES, AttentionStats, attention_backward, attention_forward,
                                 blockwise_attention_backward, blockwise_attention_forward, output_delta)
-from parallel.ring_attention import ring_attention_backward, ring_attention_forward, sequence_spans
-from parallel.ulysses import ulysses_attention_backward, ulysses_attention_forward
+from parallel.sequence.ring_attention import ring_attention_backward, ring_attention_forward, sequence_spans
+from parallel.sequence.ulysses import ulysses_attention_backward, ulysses_attention_forward
 
 SEED = 2024
 TOKEN_BLOCK = 512

@@ -21,7 +21,7 @@ from functools import partial
 import numpy as np
 
 from bench.families.blas import BlasCase, Cost, count_wrong, library_kernel, seeded_vector
-from bench.model import log2_ceil
+from bench.report.model import log2_ceil
 from kernels import blas1
 from kernels.distribution import block_range
 

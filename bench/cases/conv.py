@@ -1,4 +1,4 @@
-"""Suite ``conv``: domain-parallel convolution with halo exchange (parallel.halo_conv).
+"""Suite ``conv``: domain-parallel convolution with halo exchange (parallel.spatial.halo_conv).
 
 One run is the forward pass (``forward``, ``forward_overlap``) or the forward and
 backward passes (``forward_backward``, ``forward_backward_overlap``) of one
@@ -24,7 +24,7 @@ bytes received by a rank in one forward exchange, overlap, packing, settings.
 Check: inputs and output gradients are a hash of the global element index, so any
 window can be rebuilt without the rest of the image. Each rank compares its
 output tile (and its input-gradient tile with backward) with the serial
-`parallel.conv_layers.Conv2d` on the window around it: the whole tile for small
+`parallel.nn.conv.Conv2d` on the window around it: the whole tile for small
 images, else the (up to) 16 x 16 blocks at its four corners, which read every
 kind of halo. When the image has at most `FULL_CHECK_ELEMENTS` elements the serial
 convolution runs on the whole image and the weight and bias gradients (summed
@@ -41,10 +41,10 @@ from bench.case import Case, Metrics
 from bench.settings import Setting, choice, integer
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.halo_conv import CHUNK_ELEMENTS, HaloConv2d, conv_padding
-from parallel.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
-from parallel.conv_layers import Conv2d
-from parallel.tile_layout import TileLayout
+from parallel.spatial.halo_conv import CHUNK_ELEMENTS, HaloConv2d, conv_padding
+from parallel.spatial.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
+from parallel.nn.conv import Conv2d
+from parallel.spatial.tile_layout import TileLayout
 
 SEED = 2024
 INPUT_STREAM, GRADIENT_STREAM = 1, 2

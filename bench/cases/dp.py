@@ -1,4 +1,4 @@
-"""Suite ``dp``: data-parallel training steps (parallel.data_parallel) on real images.
+"""Suite ``dp``: data-parallel training steps (parallel.data.data_parallel) on real images.
 
 One run is one training step (forward, backward, gradient allreduce, SGD update)
 on the next global batch of ``size`` samples, each rank taking its `block_range`
@@ -10,12 +10,12 @@ Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
 hand-written algorithms of `parallel.collectives` (blocking, after backward).
 
 Settings (`SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
-on digits) or ``cnn`` (`parallel.models.mnist_cnn`, 28x28 images only); the data
+on digits) or ``cnn`` (`parallel.nn.models.mnist_cnn`, 28x28 images only); the data
 set, ``mnist`` (the 5,000-image sample of `kernels.datasets.load_mnist_sample`),
 ``digits`` (1,797 8x8 images) or a directory holding the standard MNIST IDX files
 (train and t10k, .gz or not); the gradient bucket cap (0: one flat buffer; by
 default 64K for ``mpi_overlap``, which needs buckets, else 0); the exchange
-precision (``full``: the model dtype, see `parallel.gradient_wire`); and the
+precision (``full``: the model dtype, see `parallel.data.gradient_wire`); and the
 micro-batches accumulated per step.
 
 Recorded: items_per_s (global samples per second); metric ``comm_share``: the
@@ -48,11 +48,11 @@ from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, tra
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.data_parallel import DataParallelTrainer
-from parallel.gradient_wire import PRECISIONS
-from parallel.layers import softmax_cross_entropy
-from parallel.models import accuracy, mnist_cnn, mnist_mlp, train_step
-from parallel.optim import SGD
+from parallel.data.data_parallel import DataParallelTrainer
+from parallel.data.gradient_wire import PRECISIONS
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import accuracy, mnist_cnn, mnist_mlp, train_step
+from parallel.nn.optim import SGD
 
 SEED = 2024
 LEARNING_RATE, MOMENTUM = 0.01, 0.9

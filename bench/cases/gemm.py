@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong, library_kernel,
                                      seeded_matrix, seeded_rows)
-from bench.model import log2_ceil
+from bench.report.model import log2_ceil
 from kernels.distmatrix import DistMatrix
 from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa
 

@@ -45,10 +45,10 @@ from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_w
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.hybrid import AXES, HybridTrainer, check_grid, serial_model
-from parallel.models import flat_storage
-from parallel.optim import SGD
-from parallel.pipeline_schedule import SCHEDULES, theoretical_bubble
-from parallel.pipeline_timeline import Timeline
+from parallel.nn.models import flat_storage
+from parallel.nn.optim import SGD
+from parallel.pipeline.schedule import SCHEDULES, theoretical_bubble
+from parallel.pipeline.timeline import Timeline
 
 GRID_PATTERN = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
 

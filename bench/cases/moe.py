@@ -1,14 +1,14 @@
-"""Suite ``moe``: an expert-parallel mixture-of-experts layer (parallel.moe), forward + backward.
+"""Suite ``moe``: an expert-parallel mixture-of-experts layer (parallel.expert.moe), forward + backward.
 
 Size is the global number of tokens ``T`` (weak scaling: per rank); rank ``r``
 routes its ``block_range(T, p, r)`` tokens. One run is one forward and one
-backward pass of `parallel.moe.ParallelMoE` (all-to-all dispatch and combine).
+backward pass of `parallel.expert.moe.ParallelMoE` (all-to-all dispatch and combine).
 Variants ``top1`` and ``top2``: the number of experts per token.
 
 The model grows with the rank count, as expert parallelism does: ``E = experts
 per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per token
 (``k`` experts) does not change with ``p``; capacity per (rank, expert) is
-``ceil(k n_r / E * capacity_factor)`` (`parallel.moe_routing.expert_capacity`).
+``ceil(k n_r / E * capacity_factor)`` (`parallel.expert.routing.expert_capacity`).
 
 Settings (`SETTINGS`, recorded in params): experts per rank, token width, expert
 inner width (default ``4 x hidden``) and capacity factor. The auxiliary-loss weight
@@ -38,8 +38,8 @@ from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, 
 from bench.settings import Setting, integer, number
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from parallel.moe import ParallelMoE
-from parallel.moe_routing import expert_capacity
+from parallel.expert.moe import ParallelMoE
+from parallel.expert.routing import expert_capacity
 
 SEED = 2024
 AUX_LOSS_WEIGHT = 0.01

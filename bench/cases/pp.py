@@ -1,8 +1,8 @@
-"""Suite ``pp``: pipeline-parallel training steps (parallel.pipeline), GPipe and 1F1B.
+"""Suite ``pp``: pipeline-parallel training steps (parallel.pipeline.stage), GPipe and 1F1B.
 
 Each rank is one stage of an MLP of ``L`` linear layers of width ``W`` (``W``
 inputs, ``W`` classes, ReLU between layers: ``2 L - 1`` layers, so at most that
-many ranks), split by `parallel.pipeline_schedule.partition`. One run is one training step
+many ranks), split by `parallel.pipeline.schedule.partition`. One run is one training step
 (the schedule's forwards and backwards, then plain SGD, lr 0.01) on a fixed
 synthetic global batch of ``size`` samples (standard normal inputs, uniform
 labels) cut into ``m`` micro-batches; ``size`` must be a multiple of ``m``.
@@ -24,7 +24,7 @@ step_r)`` (all stages: the bubble plus what unequal stages cost) and
 seconds per step, the settings, ``stage_layers`` (layers per stage),
 ``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
 activations are held at once, and their bytes; most over the timed runs), and per rank the mean seconds per
-step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline`).
+step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline.stage`).
 
 Check: the weights go back to where the point started (the seed), one more
 pipeline step runs on the first ``n'`` samples of the batch, and every weight is
@@ -44,11 +44,11 @@ from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_s
                                      serial_step_parameters, synthetic_batch)
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
-from parallel.models import mlp
-from parallel.optim import SGD
-from parallel.pipeline import Pipeline
-from parallel.pipeline_schedule import BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, theoretical_bubble
-from parallel.pipeline_timeline import Timeline
+from parallel.nn.models import mlp
+from parallel.nn.optim import SGD
+from parallel.pipeline.stage import Pipeline
+from parallel.pipeline.schedule import BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, theoretical_bubble
+from parallel.pipeline.timeline import Timeline
 
 
 @dataclass

@@ -1,10 +1,10 @@
-"""Suite ``ps``: parameter-server training steps (parallel.param_server) on the MNIST sample.
+"""Suite ``ps``: parameter-server training steps (parallel.data.param_server) on the MNIST sample.
 
 Ranks ``0 .. S-1`` are servers holding the parameters sharded by key range, the
 other W ranks workers. Settings (`SETTINGS`): the server count S (at most ranks -
 1), the staleness bound s of variant ``ssp``, and the model: ``mlp``
-(784-256-128-10 on flat images: the MLP of suite ``dp``, `parallel.models.mnist_mlp`)
-or ``cnn`` (`parallel.models.mnist_cnn`, much slower per sample).
+(784-256-128-10 on flat images: the MLP of suite ``dp``, `parallel.nn.models.mnist_mlp`)
+or ``cnn`` (`parallel.nn.models.mnist_cnn`, much slower per sample).
 
 Size is the global batch in samples (at least W). Global batch t is rows
 ``t B .. t B + B - 1`` (wrapping around) of the shuffled 4,000-image training part
@@ -37,10 +37,10 @@ from bench.settings import Setting, choice, integer
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.layers import softmax_cross_entropy
-from parallel.models import flat_storage, forward_backward, mnist_cnn, mnist_mlp
-from parallel.optim import SGD
-from parallel.param_server import MODES, ParameterServer, Statistics, check_roles
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import flat_storage, forward_backward, mnist_cnn, mnist_mlp
+from parallel.nn.optim import SGD
+from parallel.data.param_server import MODES, ParameterServer, Statistics, check_roles
 
 LEARNING_RATE = 0.05
 MODELS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),

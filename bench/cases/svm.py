@@ -1,9 +1,9 @@
 """Suite ``svm``: training a binary RBF C-SVM (C = 1, gamma = "scale", tol = 1e-3) serially and in parallel.
 
-Variants: ``sklearn`` (``sklearn.svm.SVC``, the reference), ``smo`` (`svm.svc.SVC`,
-this project's serial SMO), ``dis_smo`` (`svm.dis_smo.DisSMO`), ``cascade``
-(`svm.cascade.CascadeSVM`), ``dcsvm`` (`svm.dcsvm.DCSVM`), ``cpsvm`` and ``casvm``
-(`svm.casvm.CPSVM`, `svm.casvm.CASVM`; imported when a point needs them). The
+Variants: ``sklearn`` (``sklearn.svm.SVC``, the reference), ``smo`` (`svm.solver.svc.SVC`,
+this project's serial SMO), ``dis_smo`` (`svm.distributed.dis_smo.DisSMO`), ``cascade``
+(`svm.distributed.cascade.CascadeSVM`), ``dcsvm`` (`svm.distributed.dcsvm.DCSVM`), ``cpsvm`` and ``casvm``
+(`svm.distributed.casvm.CPSVM`, `svm.distributed.casvm.CASVM`; imported when a point needs them). The
 serial variants train on rank 0 only while the other ranks wait in a sleeping
 barrier, so their rows on p ranks time one core's work (and leave the rest idle).
 
@@ -25,7 +25,7 @@ cached per data set and size.
 
 Metrics: items_per_s = training samples / s; metric ``accuracy`` (test set);
 params: dataset, n_features, n_test, n_sv, n_iter (SMO iterations; cascade: passes),
-bytes_sent (max over ranks, convention of `svm.parallel_common`), predict_s,
+bytes_sent (max over ranks, convention of `svm.distributed.common`), predict_s,
 reference_accuracy, accuracy_gap (the serial reference's test accuracy minus
 this variant's, in percentage points: positive = worse than serial), tolerance,
 mismatches (dis_smo).
@@ -43,14 +43,14 @@ from bench.settings import Setting
 from bench.sweep import sleeping_barrier
 from kernels.errors import InputError
 from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION, load_dataset
-from svm.gram import kernel_product, make_kernel
-from svm.smo import DEFAULT_CACHE_BYTES, smo_solve
+from svm.solver.gram import kernel_product, make_kernel
+from svm.solver.smo import DEFAULT_CACHE_BYTES, smo_solve
 
 SETTINGS = dict(C=1.0, kernel="rbf", gamma="scale", tol=1e-3)
 #: Estimator of each variant, as ``module:Class`` (imported lazily).
-ESTIMATORS = {"sklearn": "sklearn.svm:SVC", "smo": "svm.svc:SVC", "dis_smo": "svm.dis_smo:DisSMO",
-              "cascade": "svm.cascade:CascadeSVM", "dcsvm": "svm.dcsvm:DCSVM", "cpsvm": "svm.casvm:CPSVM",
-              "casvm": "svm.casvm:CASVM"}
+ESTIMATORS = {"sklearn": "sklearn.svm:SVC", "smo": "svm.solver.svc:SVC", "dis_smo": "svm.distributed.dis_smo:DisSMO",
+              "cascade": "svm.distributed.cascade:CascadeSVM", "dcsvm": "svm.distributed.dcsvm:DCSVM", "cpsvm": "svm.distributed.casvm:CPSVM",
+              "casvm": "svm.distributed.casvm:CASVM"}
 SERIAL = ("sklearn", "smo")
 #: Largest accuracy drop below the sklearn reference that still passes the check.
 TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "dcsvm": 0.05, "cpsvm": 0.05,
@@ -154,7 +154,7 @@ class SVMSuite(Case):
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The whole data set in float64 on every rank (the loaded set, its split copies; for an
         svmlight file, twice the file's bytes as a guess), kernel-row caches bounded by
-        `svm.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
+        `svm.solver.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
         reference fit on rank 0 (as much again)."""
         samples, features = DATA_SHAPES.get(self.data, (None, None))
         if self.data in GENERATED_FEATURES:
@@ -199,8 +199,8 @@ def _evaluate(state):
 def _reference(state, kind):
     """Test predictions, decision values and accuracy of a serial reference fit (rank 0; cached).
 
-    ``kind`` is ``sklearn`` or ``smo_no_shrinking`` (`svm.smo.smo_solve` with +1 for the
-    larger label, as the parallel SVMs: the iterates `svm.dis_smo` reproduces).
+    ``kind`` is ``sklearn`` or ``smo_no_shrinking`` (`svm.solver.smo.smo_solve` with +1 for the
+    larger label, as the parallel SVMs: the iterates `svm.distributed.dis_smo` reproduces).
     """
     key = (state.data, len(state.X_train), kind)
     if key not in _references:

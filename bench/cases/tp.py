@@ -1,4 +1,4 @@
-"""Suite ``tp``: the tensor-parallel Megatron MLP block (parallel.tensor_parallel), forward + backward.
+"""Suite ``tp``: the tensor-parallel Megatron MLP block (parallel.tensor.tensor_parallel), forward + backward.
 
 Size is the number of tokens ``T`` (batch x sequence; weak scaling: per rank).
 One run is one forward and one backward pass of the block ``hidden -> ffn -> hidden``
@@ -41,7 +41,7 @@ from bench.case import Case, Metrics
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.settings import Setting, integer
 from kernels.errors import InputError
-from parallel.tensor_parallel import ParallelMLP, serial_mlp, token_shard
+from parallel.tensor.tensor_parallel import ParallelMLP, serial_mlp, token_shard
 
 SEED = 2024
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}

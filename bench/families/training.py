@@ -2,9 +2,9 @@
 reference, and the count of weights outside the tolerance."""
 import numpy as np
 
-from parallel.layers import softmax_cross_entropy
-from parallel.models import flat_storage, flatten_arrays, forward_backward
-from parallel.optim import SGD
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import flat_storage, flatten_arrays, forward_backward
+from parallel.nn.optim import SGD
 
 SEED = 2024
 LEARNING_RATE = 0.01

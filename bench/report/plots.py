@@ -61,7 +61,7 @@ def _save(figure, out_dir, name):
 
 
 def plot_suites(table, out_dir):
-    """Write the plots of every suite in ``table`` (entries of `bench.report.scaling_table`); return paths."""
+    """Write the plots of every suite in ``table`` (entries of `bench.report.scaling.scaling_table`); return paths."""
     paths = []
     by_suite = defaultdict(list)
     for entry in table:

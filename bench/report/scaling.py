@@ -10,7 +10,7 @@ runs on one rank, such as ``numpy`` with all BLAS threads, is taken at 1 rank, s
 ``vs_ref`` compares explicit with implicit parallelism). Groups with two or
 more rank counts get a least-squares Amdahl serial fraction f (strong:
 1/S = f + (1 - f)/p) or Gustafson serial fraction s (weak: p E = p - s (p - 1)).
-With a calibration (`bench.model`), each point gets the suite's predicted time and
+With a calibration (`bench.report.model`), each point gets the suite's predicted time and
 the relative error, and ``project`` rank counts get predictions only.
 """
 import csv
@@ -211,7 +211,7 @@ def _write_outputs(out_dir, table, fits, projected, calib, plots):
     notes = []
     if plots:
         try:
-            from bench.plots import plot_suites
+            from bench.report.plots import plot_suites
         except ImportError:
             notes.append("report: no plots: matplotlib is missing (pip install 'mlscale[plot]')")
         else:

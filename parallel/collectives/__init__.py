@@ -2,18 +2,18 @@
 
 Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op="sum") -> recvbuf``
 and works on point-to-point messages for any rank count and length (conventions in
-`parallel.collective_base`; each algorithm's cost next to its code):
+`parallel.collectives.base`; each algorithm's cost next to its code):
 
-- ``ring``: `parallel.ring_collectives` (bandwidth-optimal; also home of the ring
+- ``ring``: `parallel.collectives.ring` (bandwidth-optimal; also home of the ring
   reduce-scatter and allgather),
 - ``recursive_doubling`` (latency-optimal) and ``rabenseifner`` (bandwidth-optimal
-  in ``2 log2 p'`` messages): `parallel.power_of_two_allreduce` (both fold
+  in ``2 log2 p'`` messages): `parallel.collectives.power_of_two` (both fold
   non-powers of two),
-- ``tree``: `parallel.tree_allreduce` (binomial reduce and broadcast).
+- ``tree``: `parallel.collectives.tree` (binomial reduce and broadcast).
 """
-from parallel.power_of_two_allreduce import allreduce_rabenseifner, allreduce_recursive_doubling
-from parallel.ring_collectives import allreduce_ring
-from parallel.tree_allreduce import allreduce_tree
+from parallel.collectives.power_of_two import allreduce_rabenseifner, allreduce_recursive_doubling
+from parallel.collectives.ring import allreduce_ring
+from parallel.collectives.tree import allreduce_tree
 
 ALLREDUCE_ALGORITHMS = {
     "ring": allreduce_ring,

@@ -1,7 +1,7 @@
 """Shared groundwork of the hand-written collectives: argument checks, block layout, tagged exchanges.
 
-The collectives (`parallel.ring_collectives`, `parallel.power_of_two_allreduce`,
-`parallel.tree_allreduce`) work on point-to-point messages for any rank count ``p``,
+The collectives (`parallel.collectives.ring`, `parallel.collectives.power_of_two`,
+`parallel.collectives.tree`) work on point-to-point messages for any rank count ``p``,
 any length (also below ``p``, and zero), 1-D contiguous float32 / float64 arrays;
 ``op`` "sum" or "max", reduced by NumPy ufuncs in place; messages are contiguous
 views, never copies. Costs are per rank, alpha per message, beta per byte sent,

@@ -3,12 +3,12 @@
 Both pair ranks whose virtual ranks differ in one bit, so they need a power-of-two
 rank count; other counts fold the surplus ranks in first (`_PowerOfTwoFold`,
 MPICH's scheme) and hand them the result at the end. Conventions and cost
-notation as in `parallel.collective_base`.
+notation as in `parallel.collectives.base`.
 """
 import numpy as np
 
 from kernels.distribution import block_offsets
-from parallel.collective_base import COLLECTIVE_TAG, allreduce_operands, exchange, exchange_and_reduce
+from parallel.collectives.base import COLLECTIVE_TAG, allreduce_operands, exchange, exchange_and_reduce
 
 
 class _PowerOfTwoFold:
@@ -66,7 +66,7 @@ class _PowerOfTwoFold:
 def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive doubling: ``log2 p'`` full-vector exchanges.
 
-    Parameters and return value as `parallel.ring_collectives.allreduce_ring`.
+    Parameters and return value as `parallel.collectives.ring.allreduce_ring`.
 
     Notes
     -----
@@ -91,7 +91,7 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
 def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive-halving reduce-scatter and recursive-doubling allgather.
 
-    Parameters and return value as `parallel.ring_collectives.allreduce_ring`.
+    Parameters and return value as `parallel.collectives.ring.allreduce_ring`.
 
     Notes
     -----

@@ -1,13 +1,13 @@
 """Ring reduce-scatter, ring allgather, and the ring allreduce built from the two.
 
 Blocks follow `block_range` (uneven splits); conventions and cost notation as in
-`parallel.collective_base`. Each step passes one block to the right neighbour
+`parallel.collectives.base`. Each step passes one block to the right neighbour
 while receiving one from the left, so every rank sends ``(p-1)/p n`` bytes per
 phase: bandwidth-optimal, but ``p-1`` messages per phase.
 """
 import numpy as np
 
-from parallel.collective_base import (allreduce_operands, block_slices, check_block, exchange,
+from parallel.collectives.base import (allreduce_operands, block_slices, check_block, exchange,
                                       exchange_and_reduce, operands, reduce_ufunc)
 
 

@@ -1,16 +1,16 @@
 """Allreduce by a binomial-tree reduce to rank 0 and a binomial-tree broadcast.
 
-Any rank count; conventions and cost notation as in `parallel.collective_base`.
+Any rank count; conventions and cost notation as in `parallel.collectives.base`.
 """
 import numpy as np
 
-from parallel.collective_base import COLLECTIVE_TAG, allreduce_operands
+from parallel.collectives.base import COLLECTIVE_TAG, allreduce_operands
 
 
 def allreduce_tree(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by a binomial-tree reduce to rank 0 and a binomial-tree broadcast.
 
-    Parameters and return value as `parallel.ring_collectives.allreduce_ring`.
+    Parameters and return value as `parallel.collectives.ring.allreduce_ring`.
 
     Notes
     -----

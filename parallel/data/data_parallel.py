@@ -8,7 +8,7 @@ and the same optimiser update keeps the replicas identical.
 
 Buckets
     Gradients are exchanged in buckets of the flat gradient vector, last layers
-    first (`parallel.gradient_wire.bucket_bounds`); each bucket is one allreduce.
+    first (`parallel.data.gradient_wire.bucket_bounds`); each bucket is one allreduce.
 Overlap
     Backward runs layer by layer over ``model.leaves()`` in reverse, which is what
     `Sequential.backward` does (nested ones too). With ``overlap=True``, as soon as
@@ -23,7 +23,7 @@ Accumulation
     last micro-batch's backward. The sum is the gradient of the whole batch.
 Reduced precision (``precision="float16"`` or ``"bfloat16"``)
     Only the exchange is 16-bit; master weights, optimiser and local gradients
-    keep the model's dtype (wire formats: `parallel.gradient_wire`).
+    keep the model's dtype (wire formats: `parallel.data.gradient_wire`).
 
 Communication cost per step and rank: one allreduce per bucket, i.e. the cost of
 the chosen algorithm (`parallel.collectives`) summed over buckets; for the ring
@@ -35,10 +35,10 @@ from mpi4py import MPI
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.gradient_wire import PRECISIONS, WireFormat, bucket_bounds
-from parallel.layers import softmax_cross_entropy
-from parallel.models import flat_storage
-from parallel.optim import GradientStep
+from parallel.data.gradient_wire import PRECISIONS, WireFormat, bucket_bounds
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import flat_storage
+from parallel.nn.optim import GradientStep
 
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
 
@@ -69,7 +69,7 @@ class DataParallelTrainer(GradientStep):
     micro_batches : int
         Micro-batches per rank and step, gradients accumulated (>= 1).
     precision : {"full", "float16", "bfloat16"}
-        Format of the gradient exchange (see `parallel.gradient_wire`).
+        Format of the gradient exchange (see `parallel.data.gradient_wire`).
     loss : callable
         ``loss(logits, labels, batch_size) -> (value, dlogits)`` dividing by
         ``batch_size``, like `softmax_cross_entropy`.
@@ -116,7 +116,7 @@ class DataParallelTrainer(GradientStep):
         self.comm_seconds = 0.0
 
     def parameters(self):
-        """Return ``[(flat_params, flat_grads)]``, the pairs an optimiser (`parallel.optim.SGD`) updates."""
+        """Return ``[(flat_params, flat_grads)]``, the pairs an optimiser (`parallel.nn.optim.SGD`) updates."""
         return [(self.flat_params, self.flat_grads)]
 
     def compute_gradients(self, x, y, batch_size=None):

@@ -1,7 +1,7 @@
 """How gradients travel in data-parallel training: buckets of the flat vector and 16-bit wire formats.
 
 Buckets
-    The gradients live in one contiguous vector (`parallel.models.flat_storage`),
+    The gradients live in one contiguous vector (`parallel.nn.models.flat_storage`),
     cut into buckets: consecutive parameters taken from the last layer backwards
     (the order backward produces them), grouped while the bucket holds at most
     ``bucket_bytes`` bytes of gradient (a larger parameter is a bucket of its own;

@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.optim import SGD
+from parallel.nn.optim import SGD
 
 MODES = ("sync", "async", "ssp")
 PULL, PUSH, DONE = 0, 1, 2
@@ -97,10 +97,10 @@ class ParameterServer:
         All servers and workers; at least 2 ranks.
     flat_params, flat_grads : ndarray, shape (n,)
         The same initial parameters on every rank, and the gradient vector the
-        workers' ``compute_gradient`` fills (e.g. from `parallel.models.flat_storage`).
+        workers' ``compute_gradient`` fills (e.g. from `parallel.nn.models.flat_storage`).
         Workers receive pulled parameters into ``flat_params``; servers copy their shard.
     lr, momentum, weight_decay : float
-        SGD settings the servers apply (`parallel.optim.SGD`).
+        SGD settings the servers apply (`parallel.nn.optim.SGD`).
     mode : {"sync", "async", "ssp"}
     servers : int
         Server ranks, in ``[1, comm.size - 1]``.

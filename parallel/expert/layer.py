@@ -2,7 +2,7 @@
 
 Layer ``y_t = sum_{c < k, kept} g_{t,c} * expert_{e(t,c)}(x_t)``, with the gate,
 choices ``e(t, c)``, weights ``g``, capacity and auxiliary loss of
-`parallel.moe_routing`. ``backward(dy)`` returns the gradients of
+`parallel.expert.routing`. ``backward(dy)`` returns the gradients of
 ``sum(y * dy) + aux_loss_weight * aux``.
 
 Experts
@@ -13,13 +13,13 @@ Experts
     and parallel layers alike.
 
 `MoELayer` holds what the serial and expert-parallel layers share; `SerialMoE`
-(every expert on one process) is the reference for `parallel.moe.ParallelMoE`.
+(every expert on one process) is the reference for `parallel.expert.moe.ParallelMoE`.
 """
 import numpy as np
 
 from kernels.errors import InputError
-from parallel.layers import Layer, Linear, ReLU, Sequential
-from parallel.moe_routing import (TOP_K_CHOICES, auxiliary_loss, auxiliary_loss_gradient, gate_logit_gradient,
+from parallel.nn.layers import Layer, Linear, ReLU, Sequential
+from parallel.expert.routing import (TOP_K_CHOICES, auxiliary_loss, auxiliary_loss_gradient, gate_logit_gradient,
                                   route_tokens, routing_statistics)
 
 
@@ -154,7 +154,7 @@ class SerialMoE(MoELayer):
     top_k : int
         1 or 2 choices per token.
     capacity_factor : float
-        ``> 0``; see `parallel.moe_routing.expert_capacity`.
+        ``> 0``; see `parallel.expert.routing.expert_capacity`.
     seed : int
     dtype : numpy dtype
     aux_loss_weight : float

@@ -1,7 +1,7 @@
 """Expert-parallel mixture of experts: experts spread over the ranks, ``Alltoallv`` dispatch and combine.
 
-The layer, gate, capacity and auxiliary loss are those of `parallel.moe_layer`
-and `parallel.moe_routing`; `parallel.moe_layer.SerialMoE` is the reference.
+The layer, gate, capacity and auxiliary loss are those of `parallel.expert.layer`
+and `parallel.expert.routing`; `parallel.expert.layer.SerialMoE` is the reference.
 With ``p`` ranks (``E`` divisible by ``p``, else `InputError`) rank ``r`` owns
 experts ``r E/p .. (r+1) E/p - 1``.
 
@@ -17,7 +17,7 @@ numbers). With ``R_out`` rows this rank sends to other ranks' experts (at most
 each pass costs ``~2 (p-1) alpha + (R_out + R_in) hidden w beta`` in the
 all-to-alls (plus ``(p-1) alpha`` for the counts, forward) and one small
 allreduce. ``bytes_sent`` counts the all-to-all rows and counts exactly and the
-allreduces as a ring would send them (`parallel.tensor_parallel.CommCounter`).
+allreduces as a ring would send them (`parallel.tensor.tensor_parallel.CommCounter`).
 Memory per rank: the ``(k n_r, hidden)`` output and gradient buffers of the
 combine, the received rows and the experts' activations (``R_in + kept own rows``
 by ``ffn``).
@@ -26,8 +26,8 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.moe_layer import MoELayer, SerialMoE
-from parallel.tensor_parallel import CommCounter, CountedCommunication
+from parallel.expert.layer import MoELayer, SerialMoE
+from parallel.tensor.tensor_parallel import CommCounter, CountedCommunication
 
 
 class ParallelMoE(CountedCommunication, MoELayer):

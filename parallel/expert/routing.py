@@ -1,7 +1,7 @@
 """Mixture-of-experts routing: top-k softmax gate, expert capacity, dropped assignments, auxiliary loss.
 
-Serial NumPy on one shard of tokens at a time; the layers of `parallel.moe_layer`
-and `parallel.moe` call these for every shard.
+Serial NumPy on one shard of tokens at a time; the layers of `parallel.expert.layer`
+and `parallel.expert.moe` call these for every shard.
 
 Gate
     ``probs = softmax(x Wg + bg)`` over ``E`` experts (``Wg`` (hidden, E), replicated);

@@ -1,6 +1,6 @@
 """Convolution layers for NCHW images, in matrix form: patches as matrix rows (im2col), then GEMM.
 
-Same contract as `parallel.layers` (``forward`` keeps what backward needs,
+Same contract as `parallel.nn.layers` (``forward`` keeps what backward needs,
 ``backward`` writes the gradients in place and returns ``dx``). Images are NCHW:
 ``(batch, channels, height, width)``.
 """
@@ -8,7 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from kernels.errors import InputError
-from parallel.layers import Layer, he_normal
+from parallel.nn.layers import Layer, he_normal
 
 
 def im2col(x, kernel, stride):

@@ -4,10 +4,10 @@ Every layer has ``forward(x)`` (which keeps what the backward pass needs),
 ``backward(dy)`` (which returns ``dx`` and overwrites the arrays in ``grads``),
 and two dicts ``params`` and ``grads`` with the same keys in a fixed order.
 Gradients are written *in place* into the arrays of ``grads``, so the arrays can
-be views into one contiguous buffer (see `parallel.models.flat_storage`) that
+be views into one contiguous buffer (see `parallel.nn.models.flat_storage`) that
 data parallelism allreduces in one message. Parameters are initialised from a
 seed with ``numpy.random.default_rng`` (He normal, zero biases). Convolution and
-pooling live in `parallel.conv_layers`.
+pooling live in `parallel.nn.conv`.
 """
 import numpy as np
 

@@ -8,8 +8,8 @@ model and one optimiser update over ``[(flat_params, flat_grads)]`` updates it.
 import numpy as np
 
 from kernels.errors import InputError
-from parallel.conv_layers import Conv2d, MaxPool2d
-from parallel.layers import Flatten, Linear, ReLU, Sequential
+from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.layers import Flatten, Linear, ReLU, Sequential
 
 
 def mlp(sizes, seed=0, dtype=np.float32):
@@ -61,7 +61,7 @@ def forward_backward(model, loss, x, y):
     ----------
     model : Layer
     loss : callable
-        ``loss(logits, y) -> (value, dlogits)``, e.g. `parallel.layers.softmax_cross_entropy`.
+        ``loss(logits, y) -> (value, dlogits)``, e.g. `parallel.nn.layers.softmax_cross_entropy`.
     x, y : ndarray
         Inputs and labels of the batch.
 

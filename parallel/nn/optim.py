@@ -17,7 +17,7 @@ class SGD:
     ----------
     pairs : list of (ndarray, ndarray)
         ``(param, grad)`` arrays updated in place, e.g. ``model.parameters()``, or
-        ``[(flat_params, flat_grads)]`` from `parallel.models.flat_storage` for one
+        ``[(flat_params, flat_grads)]`` from `parallel.nn.models.flat_storage` for one
         fused update. Build the optimiser after any re-binding of the arrays.
     lr : float
         Learning rate; may be changed between steps through the ``lr`` attribute.

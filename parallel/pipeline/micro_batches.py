@@ -13,7 +13,7 @@ Received messages (`Inbox`)
 """
 import numpy as np
 
-from parallel.layers import Layer
+from parallel.nn.layers import Layer
 
 
 def _nested_layers(value):

@@ -9,7 +9,7 @@ Messages
     Forward: the first stage slices its input; stage ``s > 0`` receives each
     micro-batch's activation from ``s - 1`` and sends its output to ``s + 1`` with
     ``Isend``. Backward mirrors it with the output gradients. Receives are posted one
-    micro-batch ahead into pooled buffers (`parallel.micro_batches.Inbox`); an
+    micro-batch ahead into pooled buffers (`parallel.pipeline.micro_batches.Inbox`); an
     activation's buffer goes back to the pool after its backward (the layers keep a
     reference to their input until then). Sends are non-blocking (blocking ones
     deadlock 1F1B: neighbours send to each other at once), tested after every action
@@ -22,14 +22,14 @@ Loss and gradients
     Each stage sums its gradients in one flat vector, allreduced over ``data_comm``
     (replicas of the stage: data parallelism) when given, then copied into ``grads``.
 Per-micro-batch state
-    Saved after each forward and restored before its backward (`parallel.micro_batches`).
+    Saved after each forward and restored before its backward (`parallel.pipeline.micro_batches`).
 Timeline (`Pipeline.timeline`, last step)
     Seconds in ``compute`` (forward, backward, loss, gradient sums), ``send``
     (``Isend``, progress tests and the final wait), ``wait`` (blocked waiting for a
     message), ``allreduce`` (data parallelism) and the whole ``step``. The stages'
     compute and step seconds give the measured bubble (the idle share of the busiest
     stage: fill and drain) and the idle share of all stages (the bubble plus what
-    unequal stages cost): `parallel.pipeline_schedule.bubble_fraction`, ``idle_fraction``.
+    unequal stages cost): `parallel.pipeline.schedule.bubble_fraction`, ``idle_fraction``.
 
 Communication cost per step, stage ``s`` of ``p`` (inner stages; the first and last
 stages have half of it), boundary widths ``w_in``, ``w_out`` elements per sample and
@@ -41,11 +41,11 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.layers import softmax_cross_entropy
-from parallel.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
-from parallel.models import flatten_arrays, unflatten_vector
-from parallel.optim import GradientStep
-from parallel.pipeline_schedule import FORWARD, stage_schedule
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.pipeline.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
+from parallel.nn.models import flatten_arrays, unflatten_vector
+from parallel.nn.optim import GradientStep
+from parallel.pipeline.schedule import FORWARD, stage_schedule
 
 _FORWARD_TAG, _BACKWARD_TAG, _PROBE_TAG = 11, 12, 13
 
@@ -83,7 +83,7 @@ class Pipeline(GradientStep):
         ``compute``, ``send``, ``wait``, ``allreduce`` and ``step`` seconds of the last step.
     action_seconds : list of float
         Compute seconds of each action of `actions` in the last step (for
-        `parallel.pipeline_schedule.replay`).
+        `parallel.pipeline.schedule.replay`).
     peak_in_flight : int
         Most micro-batches with saved activations at once (during the last step).
     peak_activation_bytes : int

@@ -1,6 +1,6 @@
 """The measured timeline of a pipeline's runs: seconds per kind and per action, and the bubble they give.
 
-Each run of a pipeline stage (`parallel.pipeline.Pipeline`) records seconds per kind
+Each run of a pipeline stage (`parallel.pipeline.stage.Pipeline`) records seconds per kind
 (`TIMELINE_KEYS`, plus ``tensor`` in hybrid runs) and per schedule action; a
 `Timeline` keeps a point's runs and reduces them across the stages (collective).
 """
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parallel.pipeline_schedule import bubble_fraction, idle_fraction, replay
+from parallel.pipeline.schedule import bubble_fraction, idle_fraction, replay
 
 TIMELINE_KEYS = ("compute", "send", "wait", "allreduce", "step")
 

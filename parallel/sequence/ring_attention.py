@@ -2,12 +2,12 @@
 
 Every rank keeps its queries and sees every key / value block once: in step
 ``t = 0 .. p-1`` rank ``r`` holds the block of rank ``(r - t) mod p`` and merges its
-attention into the running ``(O, lse)`` by log-sum-exp (`parallel.attention.attend_block`),
+attention into the running ``(O, lse)`` by log-sum-exp (`parallel.nn.attention.attend_block`),
 while the next block is already in flight (``Isend`` to ``r + 1``, ``Irecv`` from
 ``r - 1`` into a second buffer). The block of the last step is not passed on, so
 it travels in pieces of ``tiles[1]`` tokens instead, each received while the one
 before is computed: at ``p = 2`` a rank never holds its peer's whole block.
-Arrays are (heads, seq, dim) as in `parallel.attention`; results match the
+Arrays are (heads, seq, dim) as in `parallel.nn.attention`; results match the
 serial reference to rounding.
 
 Layouts of the ``n`` tokens over ``p`` ranks (`sequence_spans`):
@@ -39,7 +39,7 @@ import numpy as np
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.attention import (TILES, attend_block, attend_block_backward, check_qkv, output_delta, span_length,
+from parallel.nn.attention import (TILES, attend_block, attend_block_backward, check_qkv, output_delta, span_length,
                                 split_spans)
 
 KV_TAG, GRAD_TAG = 0x5241, 0x5242

@@ -4,7 +4,7 @@ Each rank holds all heads of its contiguous `block_range` of the ``n`` tokens
 (any ``n``: blocks differ by at most one token). One ``Alltoallv`` per array
 trades that for all ``n`` tokens of a group of ``heads / p`` heads (rank ``r`` gets
 heads ``r h/p .. (r+1) h/p - 1``); each rank runs the serial blockwise attention
-(`parallel.attention`) on its heads, and one ``Alltoallv`` per result brings the
+(`parallel.nn.attention`) on its heads, and one ``Alltoallv`` per result brings the
 tokens home. The head count must be divisible by ``p`` (`InputError` otherwise).
 
 No copies around the exchanges: MPI derived datatypes (one token of a head
@@ -14,7 +14,7 @@ group: ``heads / p`` rows of ``width`` numbers, ``seq`` rows apart) read the
 Local shapes: ``q, k, v, O, dO, dQ, dK, dV`` are (heads, n_r, dim), ``lse``
 (heads, n_r). Memory per rank: those plus the head-group copies (heads / p, n,
 dim) of the exchanged arrays (as much as the shards: ``O(n / p)``) and one or
-two score tiles of `parallel.attention`.
+two score tiles of `parallel.nn.attention`.
 Costs per rank with ``b = 8 heads n_r dim`` bytes (float64) per array, each
 ``Alltoallv`` sending ``(p - 1) / p`` of it in ``p - 1`` messages: forward 3 arrays
 in and ``O`` plus ``lse`` out, ``4 (p - 1) b / p`` bytes; backward ``q, k, v, dO`` and
@@ -26,7 +26,7 @@ import numpy as np
 
 from kernels.distribution import block_counts, block_offsets
 from kernels.errors import InputError
-from parallel.attention import (TILES, blockwise_attention_backward, blockwise_attention_forward, check_qkv,
+from parallel.nn.attention import (TILES, blockwise_attention_backward, blockwise_attention_forward, check_qkv,
                                 output_delta)
 
 

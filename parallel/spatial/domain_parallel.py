@@ -1,12 +1,12 @@
 """A domain-parallel CNN: the serial model's feature maps split in tiles over a 2D grid.
 
-`domain_parallel_model` turns a serial CNN (e.g. `parallel.models.mnist_cnn`) into
-its domain-parallel twin: convolutions become `parallel.halo_conv.HaloConv2d`, max
+`domain_parallel_model` turns a serial CNN (e.g. `parallel.nn.models.mnist_cnn`) into
+its domain-parallel twin: convolutions become `parallel.spatial.halo_conv.HaloConv2d`, max
 pooling and ReLU run on the tiles as they are, and `GatherFlatten` gathers the last
 feature map on every rank (``Allgatherv``) so that the fully connected part runs
 redundantly on every rank on the whole batch; its input gradient is identical
 everywhere and each rank keeps its own tile of it (the "scatter back" needs no
-message). One domain-parallel training step is then `parallel.models.train_step`
+message). One domain-parallel training step is then `parallel.nn.models.train_step`
 on the parallel model with this rank's tile of the batch
 (``layout.tile(x, grid.coords)``) and all the labels: losses, gradients and updated
 weights equal the serial step's up to rounding.
@@ -14,11 +14,11 @@ weights equal the serial step's up to rounding.
 import numpy as np
 
 from kernels.errors import InputError
-from parallel.halo_conv import HaloConv2d
-from parallel.halo_exchange import DEFAULT_PACKING
-from parallel.conv_layers import Conv2d, MaxPool2d
-from parallel.layers import Flatten, Layer, ReLU, Sequential
-from parallel.tile_layout import TileLayout
+from parallel.spatial.halo_conv import HaloConv2d
+from parallel.spatial.halo_exchange import DEFAULT_PACKING
+from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.layers import Flatten, Layer, ReLU, Sequential
+from parallel.spatial.tile_layout import TileLayout
 
 
 class GatherFlatten(Layer):
@@ -102,7 +102,7 @@ def domain_parallel_model(model, grid, height, width, overlap=False, method=DEFA
 
     Returns
     -------
-    parallel_model : parallel.layers.Sequential
+    parallel_model : parallel.nn.layers.Sequential
         Takes this rank's input tile ``layout.tile(x, grid.coords)``.
     layout : TileLayout
         The input layout, from `aligned_layout`.

@@ -1,8 +1,8 @@
 """Domain-parallel convolution: every feature map split in tiles over a 2D grid, halos exchanged.
 
-`HaloConv2d` runs a serial `parallel.conv_layers.Conv2d` (sharing its parameter arrays)
+`HaloConv2d` runs a serial `parallel.nn.conv.Conv2d` (sharing its parameter arrays)
 on the tile of each rank: it copies the tile into a local buffer, fills the halos
-with `parallel.halo_exchange.HaloExchange`, and convolves the buffer by im2col and
+with `parallel.spatial.halo_exchange.HaloExchange`, and convolves the buffer by im2col and
 GEMM in chunks of rows (memory stays bounded whatever the tile). Backward computes
 ``dW`` and the buffer's ``dX`` (halos included), sends the halo part of ``dX`` back
 to its owners, who add it (the reverse exchange), and sums ``dW`` and ``db`` over
@@ -17,8 +17,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.halo_exchange import DEFAULT_PACKING, HaloExchange
-from parallel.layers import Layer
+from parallel.spatial.halo_exchange import DEFAULT_PACKING, HaloExchange
+from parallel.nn.layers import Layer
 
 #: Entries of one chunk's patch matrix: 2 MB in float64, so that it stays in cache.
 CHUNK_ELEMENTS = 1 << 18
@@ -38,7 +38,7 @@ def conv_padding(mode, kernel_size):
 def patch_matrix(x, kernel, stride):
     """The patches of ``x`` ``(n, c, h, w)`` as the *columns* of a ``(c * kh * kw, n * ho * wo)`` matrix.
 
-    The transpose of `parallel.conv_layers.im2col`'s layout: each row is one kernel
+    The transpose of `parallel.nn.conv.im2col`'s layout: each row is one kernel
     offset of one channel, copied with long contiguous inner loops (several times
     faster than im2col's ``kh * kw`` inner loop), and ``W.reshape(c_out, -1) @ cols``
     comes out channel-major, ready for NCHW.
@@ -73,22 +73,22 @@ class HaloConv2d(Layer):
     Global input ``(n, c_in, H, W)`` split by ``layout``; local input: this rank's
     tile ``(n, c_in, h, w)``; local output: its tile of ``out_layout`` (outputs
     belong to the owner of their anchor input ``o * stride``, see
-    `parallel.tile_layout`). Forward: one halo exchange (`HaloExchange`).
+    `parallel.spatial.tile_layout`). Forward: one halo exchange (`HaloExchange`).
     Backward: one reverse exchange plus ``Allreduce`` of ``c_out * (c_in k^2 + 1)``
     words over the grid, ``2 log2(p) alpha + 2 (p-1)/p * bytes * beta``.
 
     Parameters
     ----------
-    conv : parallel.conv_layers.Conv2d
+    conv : parallel.nn.conv.Conv2d
         The serial layer: kernel, stride, padding (``2 * padding <= k - 1``) and the
         parameter and gradient arrays, which this layer shares.
     grid : kernels.distribution.ProcessGrid
         2D grid with ``dims == layout.dims``.
-    layout : parallel.tile_layout.TileLayout
+    layout : parallel.spatial.tile_layout.TileLayout
     overlap : bool
         Compute the interior while the halos are in flight.
     method : str
-        Halo packing, one of `parallel.halo_exchange.PACKING_METHODS`.
+        Halo packing, one of `parallel.spatial.halo_exchange.PACKING_METHODS`.
     """
 
     def __init__(self, conv, grid, layout, overlap=False, method=DEFAULT_PACKING):

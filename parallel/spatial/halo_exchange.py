@@ -1,8 +1,8 @@
 """The halo exchange of a convolution on tiles of a 2D process grid.
 
 Each rank's buffer holds its tile and the input window its outputs read, as
-planned by `parallel.tile_layout.plan_axis` (layout and ownership rules in
-`parallel.tile_layout`). The exchange runs in two phases: along grid axis 0 (rows
+planned by `parallel.spatial.tile_layout.plan_axis` (layout and ownership rules in
+`parallel.spatial.tile_layout`). The exchange runs in two phases: along grid axis 0 (rows
 of the own columns), then along axis 1 (columns of all the window's rows, halo
 rows included, which carries the corners). Each phase posts ``Irecv`` and
 ``Isend`` to every rank along the axis whose tile meets the halo (the two
@@ -15,7 +15,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from kernels.errors import InputError
-from parallel.tile_layout import plan_axis
+from parallel.spatial.tile_layout import plan_axis
 
 #: Message packing: "packed" copies halos into contiguous buffers; "subarray" sends
 #: straight from the tile buffer with MPI subarray datatypes (received sums still
@@ -124,7 +124,7 @@ class HaloExchange:
 
     Global input ``(n, c, H, W)`` laid out by ``layout``; this rank's buffer is
     ``(n, c, rows.extent, cols.extent)`` and holds its tile and its window (see
-    `parallel.tile_layout`). Cost of one exchange per rank, forward or reverse:
+    `parallel.spatial.tile_layout`). Cost of one exchange per rank, forward or reverse:
     2 phases of up to 2 messages each (more when tiles are thinner than the halo),
     ``T = 4 alpha + beta * halo_bytes(n, c, itemsize)`` with halo rows ``h_lo + h_hi``
     of the tile width, then halo columns ``w_lo + w_hi`` of the window height.
@@ -133,7 +133,7 @@ class HaloExchange:
     ----------
     grid : kernels.distribution.ProcessGrid
         A 2D grid whose ``dims`` equal ``layout.dims``.
-    layout : parallel.tile_layout.TileLayout
+    layout : parallel.spatial.tile_layout.TileLayout
         Layout of the convolution's input.
     kernel : (int, int)
     stride, padding : int
@@ -143,8 +143,8 @@ class HaloExchange:
 
     Attributes
     ----------
-    rows, cols : parallel.tile_layout.AxisPlan
-    out_layout : parallel.tile_layout.TileLayout
+    rows, cols : parallel.spatial.tile_layout.AxisPlan
+    out_layout : parallel.spatial.tile_layout.TileLayout
     seconds : float
         Wall time spent inside the exchange (packing, posting, waiting, unpacking).
     """

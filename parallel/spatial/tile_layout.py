@@ -17,7 +17,7 @@ output layout equals the input layout.
 
 `plan_axis` works this out along one axis for one tile (an `AxisPlan`): outputs,
 window, interior, local buffer, and which ranks along the axis it sends to and
-receives from; `parallel.halo_exchange.HaloExchange` moves the halos. Pure
+receives from; `parallel.spatial.halo_exchange.HaloExchange` moves the halos. Pure
 bookkeeping: no communication.
 """
 from dataclasses import dataclass

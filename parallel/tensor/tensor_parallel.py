@@ -1,6 +1,6 @@
 """Tensor (Megatron-style) parallelism: column- and row-parallel linear layers and the parallel MLP.
 
-A linear layer ``Y = X W + b`` (``W`` of shape ``(in, out)``, `parallel.layers.Linear`)
+A linear layer ``Y = X W + b`` (``W`` of shape ``(in, out)``, `parallel.nn.layers.Linear`)
 is split over the ``p`` ranks of ``comm`` in one of two ways:
 
 Column-parallel
@@ -45,7 +45,7 @@ from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.errors import InputError
-from parallel.layers import Linear, ReLU, Sequential
+from parallel.nn.layers import Linear, ReLU, Sequential
 
 
 class CommCounter:

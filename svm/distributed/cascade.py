@@ -1,6 +1,6 @@
 """Cascade SVM (Graf, Cosatto, Bottou, Durdanovic & Vapnik, NIPS 2005) on any number of ranks.
 
-One pass: every rank trains a serial SMO (`svm.smo.smo_solve`) on its
+One pass: every rank trains a serial SMO (`svm.solver.smo.smo_solve`) on its
 `block_range` block of the training set plus the support vectors fed back by the
 previous pass; the support vectors then move up a binary tree: at level ``l``
 (``s = 2^l``) rank ``r`` with ``r % 2s == s`` sends its set to ``r - s``, which
@@ -37,9 +37,9 @@ import numpy as np
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from svm.gram import kernel_product
-from svm.parallel_common import ParallelSVC
-from svm.smo import DEFAULT_CACHE_BYTES, ConvergenceWarning, bias_from_parts, bias_parts, smo_solve, up_low
+from svm.solver.gram import kernel_product
+from svm.distributed.common import ParallelSVC
+from svm.solver.smo import DEFAULT_CACHE_BYTES, ConvergenceWarning, bias_from_parts, bias_parts, smo_solve, up_low
 
 INDEX, LABEL, ALPHA, FEATURES = 0, 1, 2, 3  # columns of a packed sample set
 
@@ -64,7 +64,7 @@ class CascadeSVM(ParallelSVC):
     Parameters
     ----------
     C, kernel, gamma, degree, coef0, tol, comm
-        As `svm.parallel_common.ParallelSVC`; ``tol`` is every SMO solve's.
+        As `svm.distributed.common.ParallelSVC`; ``tol`` is every SMO solve's.
     max_passes : int
         Cap on feedback passes (a warning when reached before convergence).
     objective_rtol : float

@@ -28,10 +28,10 @@ float64) and routing costs ``O(q n d)`` flops for ``q`` queries instead of
 import numpy as np
 
 from kernels.errors import InputError
-from svm.parallel_common import ParallelSVC
-from svm.local_models import LocalModels, nearest_centre, neighbour_vote
-from svm.partition import balanced_partition, check_positive_int, distributed_kmeans
-from svm.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
+from svm.distributed.common import ParallelSVC
+from svm.distributed.local_models import LocalModels, nearest_centre, neighbour_vote
+from svm.distributed.partition import balanced_partition, check_positive_int, distributed_kmeans
+from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
 
 _HEADER = 3  # bias, SMO iterations, dual objective
 ROUTINGS = ("neighbours", "centre")
@@ -44,7 +44,7 @@ class PartitionedSVC(ParallelSVC):
 
     Attributes (after fit, the same on every rank)
     ----------------------------------------------
-    classes_, kernel_ : as `svm.parallel_common.ParallelSVC`
+    classes_, kernel_ : as `svm.distributed.common.ParallelSVC`
     partition_labels_ : ndarray of shape (n,)
         Partition (= rank that trained it) of each training sample.
     partition_sizes_ : ndarray of shape (p,)
@@ -52,7 +52,7 @@ class PartitionedSVC(ParallelSVC):
         Partition centres (``routing="centre"``: queries go to the nearest non-empty one).
     routing_points_ : ndarray of shape (n, d)
         The training points (``routing="neighbours"``), with ``partition_labels_``.
-    local_models_ : svm.local_models.LocalModels
+    local_models_ : svm.distributed.local_models.LocalModels
     support_, support_vectors_, dual_coef_ : all local models' support vectors
         (grouped by partition) and their ``y alpha``, dual_coef_ of shape (1, n_SV).
     intercept_ : ndarray of shape (p,)
@@ -151,7 +151,7 @@ class CPSVM(PartitionedSVC):
 
     Parameters
     ----------
-    C, kernel, gamma, degree, coef0, tol, comm : as `svm.parallel_common.ParallelSVC`
+    C, kernel, gamma, degree, coef0, tol, comm : as `svm.distributed.common.ParallelSVC`
     seed : int
         Seed of the k-means++ start.
     kmeans_iter : int
@@ -181,7 +181,7 @@ class CASVM(PartitionedSVC):
     C, kernel, gamma, degree, coef0, tol, comm, seed, kmeans_iter, cache_bytes, routing : as `CPSVM`
     method : {"fcfs", "kmeans"}
         First-come-first-served assignment to k-means++ centres with capacity
-        ``n / p``, or balanced k-means (see `svm.partition.balanced_partition`).
+        ``n / p``, or balanced k-means (see `svm.distributed.partition.balanced_partition`).
     balance_classes : bool
         Give every partition its share of each class (the global class ratio, up
         to one sample per class), so that no partition loses a class.

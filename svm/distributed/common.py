@@ -17,8 +17,8 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from svm.gram import kernel_product, make_kernel
-from svm.smo import check_samples, check_solver_options
+from svm.solver.gram import kernel_product, make_kernel
+from svm.solver.smo import check_samples, check_solver_options
 
 _BUS_FACTORS = {
     "send": lambda p: 1.0,
@@ -123,7 +123,7 @@ class ParallelSVC:
     Attributes (after fit)
     ----------------------
     classes_ : ndarray of shape (2,)
-    kernel_ : svm.gram.Kernel
+    kernel_ : svm.solver.gram.Kernel
     support_ : ndarray of shape (n_SV,)
         Indices of the support vectors in the training set.
     support_vectors_ : ndarray of shape (n_SV, d)

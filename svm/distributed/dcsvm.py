@@ -22,11 +22,11 @@ import numpy as np
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from svm.gram import kernel_product
-from svm.parallel_common import ParallelSVC
-from svm.local_models import LocalModels
-from svm.partition import check_positive_int, gather_labels
-from svm.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
+from svm.solver.gram import kernel_product
+from svm.distributed.common import ParallelSVC
+from svm.distributed.local_models import LocalModels
+from svm.distributed.partition import check_positive_int, gather_labels
+from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
 
 
 @dataclass
@@ -62,7 +62,7 @@ def kernel_kmeans(S, kernel, k, comm, rng, max_iter=30):
     S : ndarray of shape (m, d)
         The sample, the same on every rank; rank ``r`` holds the kernel rows
         ``K(S[block_range(m, p, r)], S)`` (``m^2 / p`` values).
-    kernel : svm.gram.Kernel
+    kernel : svm.solver.gram.Kernel
     k : int
         Clusters wanted (``min(k, m)`` are used).
     comm : CountingComm
@@ -126,7 +126,7 @@ class DCSVM(ParallelSVC):
 
     Parameters
     ----------
-    C, kernel, gamma, degree, coef0, tol, comm : as `svm.parallel_common.ParallelSVC`
+    C, kernel, gamma, degree, coef0, tol, comm : as `svm.distributed.common.ParallelSVC`
     n_clusters : int, optional
         Clusters per split ``k``; default ``max(2, p)``.
     n_levels : int
@@ -143,16 +143,16 @@ class DCSVM(ParallelSVC):
     Attributes (after fit, the same on every rank)
     ----------------------------------------------
     classes_, kernel_, support_, support_vectors_, dual_coef_, intercept_, dual_objective_ :
-        The global model (as `svm.parallel_common.ParallelSVC`).
+        The global model (as `svm.distributed.common.ParallelSVC`).
     n_iter_ : int
         SMO iterations of the warm-started global solve.
     level_n_iter_ : ndarray of shape (n_levels,)
         SMO iterations summed over the clusters of each level (index 0: level 1).
     cluster_labels_ : ndarray of shape (n_levels, n)
         Cluster of each training sample at each level (index 0: level 1).
-    clusters_ : svm.partition.KernelClusters
+    clusters_ : svm.distributed.partition.KernelClusters
         The level-1 clusters (routing for early prediction).
-    early_models_ : svm.local_models.LocalModels
+    early_models_ : svm.distributed.local_models.LocalModels
         The level-1 models of each cluster.
     bytes_sent_ : float
 

@@ -1,4 +1,4 @@
-"""Distributed SMO: the serial solver of `svm.smo` with the samples split in row blocks over ranks.
+"""Distributed SMO: the serial solver of `svm.solver.smo` with the samples split in row blocks over ranks.
 
 Every rank holds the whole training set (it is replicated, as every rank passes
 the same ``X``), but owns the dual variables ``alpha``, the gradient ``F`` and
@@ -35,9 +35,9 @@ from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from svm.gram import KernelRowCache
-from svm.parallel_common import CountingComm, ParallelSVC
-from svm.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, up_low, bias_from_parts,
+from svm.solver.gram import KernelRowCache
+from svm.distributed.common import CountingComm, ParallelSVC
+from svm.solver.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, up_low, bias_from_parts,
                      check_samples, check_solver_options, pair_step)
 
 #: Width of a candidate record: key, global index, then four payload values.
@@ -118,7 +118,7 @@ class _BlockSolver:
         return (int(j), F_j, alpha_j, diag_j, K_ij), row_i
 
     def update(self, i, F_i, alpha_i, diag_i, j, F_j, alpha_j, diag_j, K_ij, row_i):
-        """Apply the clipped Newton step of `svm.smo` to the pair (same arithmetic on every rank)."""
+        """Apply the clipped Newton step of `svm.solver.smo` to the pair (same arithmetic on every rank)."""
         C = self.C
         step, new_i, new_j = pair_step(C, self.y[i], self.y[j], alpha_i, alpha_j, F_i, F_j,
                                        diag_i + diag_j - 2.0 * K_ij)
@@ -163,14 +163,14 @@ def dis_smo_solve(comm, X, y, kernel, C=1.0, tol=1e-3, cache_bytes=DEFAULT_CACHE
 
     Parameters
     ----------
-    comm : MPI.Comm or svm.parallel_common.CountingComm
+    comm : MPI.Comm or svm.distributed.common.CountingComm
         The ranks taking part (a `CountingComm` gets the bytes sent added to its count).
     X, y, kernel, C, tol, cache_bytes, max_iter
-        As `svm.smo.smo_solve` (``y`` in {-1, +1}).
+        As `svm.solver.smo.smo_solve` (``y`` in {-1, +1}).
 
     Returns
     -------
-    svm.smo.SMOResult
+    svm.solver.smo.SMOResult
         With the full ``alpha`` (shape (n,)), the same on every rank.
 
     Notes
@@ -204,7 +204,7 @@ class DisSMO(ParallelSVC):
     Parameters
     ----------
     C, kernel, gamma, degree, coef0, tol, comm
-        As `svm.parallel_common.ParallelSVC`.
+        As `svm.distributed.common.ParallelSVC`.
     cache_bytes : int
         Kernel-row cache per rank.
     max_iter : int, optional

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.errors import InputError
-from svm.gram import kernel_product
-from svm.partition import squared_distances
+from svm.solver.gram import kernel_product
+from svm.distributed.partition import squared_distances
 
 
 def nearest_centre(X, centres, usable=None):

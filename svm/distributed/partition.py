@@ -8,9 +8,9 @@
   balanced k-means, optionally keeping the global class ratio in every
   partition (CA-SVM; computed redundantly on every rank, without communication).
 
-Routing of queries to the partitions' models lives in `svm.local_models`.
+Routing of queries to the partitions' models lives in `svm.distributed.local_models`.
 
-``comm`` arguments are `svm.parallel_common.CountingComm` wrappers (they count
+``comm`` arguments are `svm.distributed.common.CountingComm` wrappers (they count
 ``bytes_sent`` by that module's convention). Every rank passes the same data.
 """
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ import numpy as np
 
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from svm.gram import squared_norms
+from svm.solver.gram import squared_norms
 
 
 def check_positive_int(name, value):

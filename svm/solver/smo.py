@@ -1,4 +1,4 @@
-"""C-SVC by SMO with second-order working-set selection (LIBSVM's solver); `svm.svc.SVC` wraps it.
+"""C-SVC by SMO with second-order working-set selection (LIBSVM's solver); `svm.solver.svc.SVC` wraps it.
 
 The dual solved is ``min_a 1/2 a^T Q a - e^T a`` subject to ``y^T a = 0`` and
 ``0 <= a <= C``, with ``Q_ij = y_i y_j K(x_i, x_j)``. The solver keeps
@@ -13,7 +13,7 @@ from numbers import Real
 import numpy as np
 
 from kernels.errors import InputError
-from svm.gram import KernelRowCache, kernel_product
+from svm.solver.gram import KernelRowCache, kernel_product
 
 DEFAULT_CACHE_BYTES = 200 * 10**6
 TAU = 1e-12  # stands in for a non-positive a_ij = K_ii + K_jj - 2 K_ij
@@ -95,7 +95,7 @@ def pair_step(C, y_i, y_j, alpha_i, alpha_j, F_i, F_j, curvature):
 
     A new alpha that lands within ``SNAP * C`` of a bound (``C - a_i + a_j`` rounds
     differently from the room it was clipped to) is put on the bound, so that it
-    does not count as free. Shared by `smo_solve` and `svm.dis_smo` (same iterates).
+    does not count as free. Shared by `smo_solve` and `svm.distributed.dis_smo` (same iterates).
     """
     step = (F_i - F_j) / (curvature if curvature > 0 else TAU)
     room_i = C - alpha_i if y_i > 0 else alpha_i
@@ -265,7 +265,7 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
     X : ndarray of shape (n, d)
     y : ndarray of shape (n,)
         Labels in {-1, +1} (one class alone gives ``alpha = 0`` and ``bias = +-1``).
-    kernel : svm.gram.Kernel
+    kernel : svm.solver.gram.Kernel
     C : float
         Box constraint, ``C > 0``.
     tol : float

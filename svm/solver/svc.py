@@ -2,8 +2,8 @@
 import numpy as np
 
 from kernels.errors import InputError
-from svm.gram import kernel_product, make_kernel
-from svm.smo import DEFAULT_CACHE_BYTES, check_samples, check_solver_options, smo_solve
+from svm.solver.gram import kernel_product, make_kernel
+from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, check_solver_options, smo_solve
 
 
 class SVC:
@@ -24,7 +24,7 @@ class SVC:
         ``y_i alpha_i`` in LIBSVM's one-vs-one layout (binary: ``+1`` is ``classes_[1]``).
     intercept_, n_iter_, dual_objective_ : ndarray of shape (k (k - 1) / 2,)
         Per pair of classes: bias, SMO iterations and dual objective.
-    kernel_ : svm.gram.Kernel
+    kernel_ : svm.solver.gram.Kernel
         The kernel with ``gamma`` resolved.
     """
 

@@ -2,7 +2,7 @@
 import pytest
 from mpi4py import MPI
 
-from bench.model import calibrate
+from bench.report.model import calibrate
 from bench.provenance import mpi_library, placement
 from bench.sweep import RankError, agree
 from bench.timing import measure

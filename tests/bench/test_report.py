@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench.csvio import COLUMNS, SCHEMA_VERSION, ResultsFile
-from bench.report import scaling_table, serial_fractions, write_report
+from bench.report.scaling import scaling_table, serial_fractions, write_report
 from kernels.errors import InputError
 from tests.clitools import mlscale, rows_of
 
@@ -144,7 +144,7 @@ def test_a_non_utf8_csv_is_refused_naming_it(tmp_path):
 
 
 def test_calibration_must_be_complete(tmp_path):
-    from bench.model import load_calibration
+    from bench.report.model import load_calibration
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"alpha_s": 1e-6}))
@@ -165,7 +165,7 @@ def test_calibration_must_be_complete(tmp_path):
     (json.dumps(dict(CALIB, alpha_s=float("nan"))), "alpha_s must be a number > 0, got NaN"),
 ])
 def test_a_malformed_calibration_is_refused_naming_it(tmp_path, content, message):
-    from bench.model import load_calibration
+    from bench.report.model import load_calibration
 
     path = tmp_path / "c.json"
     path.write_text(content)

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from slurm_cluster import namespaces_allowed, running_cluster, slurm_installed
+from tests.slurm_cluster import namespaces_allowed, running_cluster, slurm_installed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.clitools import ROOT  # noqa: E402 - the checkout's root
 #: Seconds a job may spend in the queue (pending and running) before the test fails.
 JOB_TIMEOUT = 180
 VARIANTS = ("mpi", "ring", "recursive_doubling", "rabenseifner", "tree")

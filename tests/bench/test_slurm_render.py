@@ -10,7 +10,7 @@ import pytest
 
 from bench.cli import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.clitools import ROOT  # noqa: E402 - the checkout's root
 BASE = ["slurm", "allreduce", "--ntasks-per-node", "2", "--sizes", "8,1K", "--iters", "2"]
 
 

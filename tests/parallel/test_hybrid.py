@@ -5,9 +5,9 @@ from mpi4py import MPI
 
 from kernels.errors import InputError
 from parallel.hybrid import HybridTrainer, check_grid, serial_model
-from parallel.layers import softmax_cross_entropy
-from parallel.models import train_step
-from parallel.optim import SGD
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import train_step
+from parallel.nn.optim import SGD
 
 HIDDEN, FFN, BLOCKS = 5, 7, 4  # 7 does not split evenly over 2, 3 or 4 tensor ranks
 BATCH, MICRO_BATCHES = 36, 3  # replicas of 36, 18, 12 or 9 samples: 3 micro-batches each

@@ -61,7 +61,7 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
 
 
 def test_mnist_idx_files_from_a_directory(tmp_path):
-    from tests.test_datasets import write_idx
+    from tests.kernels.test_datasets import write_idx
 
     rng = np.random.default_rng(0)
     for prefix, count in (("train", 40), ("t10k", 10)):

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from parallel.pipeline_timeline import Timeline
-from parallel.pipeline_schedule import bubble_fraction, idle_fraction
+from parallel.pipeline.timeline import Timeline
+from parallel.pipeline.schedule import bubble_fraction, idle_fraction
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of as csv_rows
 

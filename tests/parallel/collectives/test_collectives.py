@@ -6,7 +6,7 @@ from mpi4py import MPI
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.ring_collectives import allgather_ring, reduce_scatter_ring
+from parallel.collectives.ring import allgather_ring, reduce_scatter_ring
 
 ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
 LENGTHS = [0, 1, "p-1", 7, 1000, 1001]

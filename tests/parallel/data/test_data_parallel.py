@@ -5,12 +5,12 @@ from mpi4py import MPI
 
 from kernels.datasets import load_digits, train_test_split
 from kernels.errors import InputError
-from parallel.data_parallel import ALLREDUCE_CHOICES, DataParallelTrainer, shard
-from parallel.gradient_wire import bfloat16_bits, bfloat16_values, bucket_bounds
-from parallel.conv_layers import Conv2d, MaxPool2d
-from parallel.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
-from parallel.models import accuracy, mlp, train_step
-from parallel.optim import SGD
+from parallel.data.data_parallel import ALLREDUCE_CHOICES, DataParallelTrainer, shard
+from parallel.data.gradient_wire import bfloat16_bits, bfloat16_values, bucket_bounds
+from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
+from parallel.nn.models import accuracy, mlp, train_step
+from parallel.nn.optim import SGD
 
 #: Global batch sizes of the steps: not divisible by 2, 3 or 4, and one smaller than 4 ranks.
 STEP_BATCHES = (7, 3, 10)

@@ -7,10 +7,10 @@ import pytest
 from kernels.datasets import load_digits, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.layers import softmax_cross_entropy
-from parallel.models import accuracy, flat_storage, forward_backward, mlp
-from parallel.optim import SGD
-from parallel.param_server import ParameterServer, check_roles, staleness_bound
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import accuracy, flat_storage, forward_backward, mlp
+from parallel.nn.optim import SGD
+from parallel.data.param_server import ParameterServer, check_roles, staleness_bound
 
 #: Global batch size; 37 does not divide by 2 or 3 workers.
 BATCH = 37

@@ -5,9 +5,9 @@ from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
-from parallel.moe import ParallelMoE
-from parallel.moe_layer import SerialMoE
-from parallel.moe_routing import expert_capacity
+from parallel.expert.moe import ParallelMoE
+from parallel.expert.layer import SerialMoE
+from parallel.expert.routing import expert_capacity
 
 RTOL = 1e-12
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kernels.errors import InputError
-from parallel.attention import (AttentionStats, attend_block, attend_block_backward, attention_backward,
+from parallel.nn.attention import (AttentionStats, attend_block, attend_block_backward, attention_backward,
                                 attention_forward, blockwise_attention_backward, blockwise_attention_forward,
                                 output_delta, split_spans)
 

@@ -5,8 +5,8 @@ from scipy.signal import correlate
 from scipy.special import log_softmax
 
 from kernels.errors import InputError
-from parallel.conv_layers import Conv2d, MaxPool2d, col2im, im2col
-from parallel.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
+from parallel.nn.conv import Conv2d, MaxPool2d, col2im, im2col
+from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 
 TOLERANCE = 1e-6
 

@@ -4,11 +4,11 @@ import pytest
 
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
-from parallel.conv_layers import Conv2d, MaxPool2d
-from parallel.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
-from parallel.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, mnist_mlp,
+from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
+from parallel.nn.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, mnist_mlp,
                              train_step, unflatten_vector)
-from parallel.optim import SGD
+from parallel.nn.optim import SGD
 
 
 def test_sgd_momentum_and_weight_decay_by_hand():

@@ -6,11 +6,11 @@ import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.layers import Flatten, Linear, Sequential, softmax_cross_entropy
-from parallel.models import forward_backward, mlp
-from parallel.optim import SGD
-from parallel.pipeline import Pipeline
-from parallel.pipeline_schedule import (BACKWARD, FORWARD, SCHEDULES, bubble_fraction, idle_fraction,
+from parallel.nn.layers import Flatten, Linear, Sequential, softmax_cross_entropy
+from parallel.nn.models import forward_backward, mlp
+from parallel.nn.optim import SGD
+from parallel.pipeline.stage import Pipeline
+from parallel.pipeline.schedule import (BACKWARD, FORWARD, SCHEDULES, bubble_fraction, idle_fraction,
                                         layer_parameter_count, partition, replay, stage_schedule, theoretical_bubble)
 
 SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages

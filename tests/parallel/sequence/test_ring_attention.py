@@ -4,8 +4,8 @@ import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from parallel.attention import AttentionStats, attention_backward, attention_forward
-from parallel.ring_attention import (ring_attention_backward, ring_attention_forward, sequence_positions,
+from parallel.nn.attention import AttentionStats, attention_backward, attention_forward
+from parallel.sequence.ring_attention import (ring_attention_backward, ring_attention_forward, sequence_positions,
                                      sequence_spans)
 
 HEADS, DIM = 2, 3

@@ -5,8 +5,8 @@ from mpi4py import MPI
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.attention import AttentionStats, attention_backward, attention_forward
-from parallel.ulysses import ulysses_attention_backward, ulysses_attention_forward
+from parallel.nn.attention import AttentionStats, attention_backward, attention_forward
+from parallel.sequence.ulysses import ulysses_attention_backward, ulysses_attention_forward
 
 HEADS, DIM = 12, 3  # 12 heads divide by 1, 2, 3 and 4 ranks
 

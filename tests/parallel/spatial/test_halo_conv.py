@@ -7,14 +7,14 @@ from scipy.signal import correlate
 
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.domain_parallel import aligned_layout, domain_parallel_model
-from parallel.halo_conv import HaloConv2d, conv_padding
-from parallel.halo_exchange import PACKING_METHODS
-from parallel.conv_layers import Conv2d
-from parallel.layers import Linear, Sequential, softmax_cross_entropy
-from parallel.models import mnist_cnn, train_step
-from parallel.optim import SGD
-from parallel.tile_layout import TileLayout
+from parallel.spatial.domain_parallel import aligned_layout, domain_parallel_model
+from parallel.spatial.halo_conv import HaloConv2d, conv_padding
+from parallel.spatial.halo_exchange import PACKING_METHODS
+from parallel.nn.conv import Conv2d
+from parallel.nn.layers import Linear, Sequential, softmax_cross_entropy
+from parallel.nn.models import mnist_cnn, train_step
+from parallel.nn.optim import SGD
+from parallel.spatial.tile_layout import TileLayout
 
 GRIDS = [(1, 1), (1, 2), (2, 1), (2, 2), (1, 3)]
 TOLERANCES = {np.float64: 1e-10, np.float32: 1e-4}

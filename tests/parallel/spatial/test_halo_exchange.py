@@ -6,8 +6,8 @@ import pytest
 
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.halo_exchange import PACKING_METHODS, HaloExchange
-from parallel.tile_layout import TileLayout, plan_axis
+from parallel.spatial.halo_exchange import PACKING_METHODS, HaloExchange
+from parallel.spatial.tile_layout import TileLayout, plan_axis
 
 GRIDS = [(1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1)]
 

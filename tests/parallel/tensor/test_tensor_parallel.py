@@ -5,8 +5,8 @@ from mpi4py import MPI
 
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.layers import Linear
-from parallel.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear, token_shard
+from parallel.nn.layers import Linear
+from parallel.tensor.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear, token_shard
 
 RTOL = 1e-12
 

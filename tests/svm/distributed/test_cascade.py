@@ -1,4 +1,4 @@
-"""Cascade SVM (svm/cascade.py): the serial optimum from a tree of partial solves, any rank count."""
+"""Cascade SVM (svm/distributed/cascade.py): the serial optimum from a tree of partial solves, any rank count."""
 import warnings
 
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from svm.cascade import ALPHA, INDEX, CascadeSVM, pack, union
-from svm.smo import ConvergenceWarning
-from svm.svc import SVC
+from svm.distributed.cascade import ALPHA, INDEX, CascadeSVM, pack, union
+from svm.solver.smo import ConvergenceWarning
+from svm.solver.svc import SVC
 
 datasets = pytest.importorskip("sklearn.datasets")
 sklearn_svm = pytest.importorskip("sklearn.svm")

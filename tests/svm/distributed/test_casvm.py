@@ -1,12 +1,12 @@
-"""CP-SVM and CA-SVM (svm/casvm.py): partitions, accuracy against the serial SVC, traffic, agreement."""
+"""CP-SVM and CA-SVM (svm/distributed/casvm.py): partitions, accuracy against the serial SVC, traffic, agreement."""
 import numpy as np
 import pytest
 
 from kernels.datasets import load_digits
 from kernels.errors import InputError
-from svm.casvm import CASVM, CPSVM
-from svm.local_models import neighbour_vote
-from svm.svc import SVC
+from svm.distributed.casvm import CASVM, CPSVM
+from svm.distributed.local_models import neighbour_vote
+from svm.solver.svc import SVC
 
 datasets = pytest.importorskip("sklearn.datasets")
 

@@ -1,16 +1,16 @@
-"""DC-SVM (svm/dcsvm.py): the final model is the serial SVC's, warm starts save iterations, early prediction."""
+"""DC-SVM (svm/distributed/dcsvm.py): the final model is the serial SVC's, warm starts save iterations, early prediction."""
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from kernels.datasets import load_digits
 from kernels.errors import InputError
-from svm.dcsvm import DCSVM, assign_points, deal_largest_first, kernel_kmeans
-from svm.gram import make_kernel
-from svm.parallel_common import CountingComm
-from svm.partition import squared_distances
-from svm.smo import smo_solve
-from svm.svc import SVC
+from svm.distributed.dcsvm import DCSVM, assign_points, deal_largest_first, kernel_kmeans
+from svm.solver.gram import make_kernel
+from svm.distributed.common import CountingComm
+from svm.distributed.partition import squared_distances
+from svm.solver.smo import smo_solve
+from svm.solver.svc import SVC
 
 datasets = pytest.importorskip("sklearn.datasets")
 

@@ -1,13 +1,13 @@
-"""Distributed SMO (svm/dis_smo.py): the serial SMO's iterates on any rank count."""
+"""Distributed SMO (svm/distributed/dis_smo.py): the serial SMO's iterates on any rank count."""
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from svm.dis_smo import DisSMO, dis_smo_solve
-from svm.gram import make_kernel
-from svm.smo import ConvergenceWarning, smo_solve
-from svm.svc import SVC
+from svm.distributed.dis_smo import DisSMO, dis_smo_solve
+from svm.solver.gram import make_kernel
+from svm.solver.smo import ConvergenceWarning, smo_solve
+from svm.solver.svc import SVC
 
 datasets = pytest.importorskip("sklearn.datasets")
 

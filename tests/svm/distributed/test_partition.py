@@ -1,11 +1,11 @@
-"""k-means, balanced partitions and kernel k-means (svm/partition.py) against sklearn and serial references."""
+"""k-means, balanced partitions and kernel k-means (svm/distributed/partition.py) against sklearn and serial references."""
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from kernels.errors import InputError
-from svm.parallel_common import CountingComm
-from svm.partition import (balanced_partition, capacitated_assign, class_capacities, distributed_kmeans,
+from svm.distributed.common import CountingComm
+from svm.distributed.partition import (balanced_partition, capacitated_assign, class_capacities, distributed_kmeans,
                            squared_distances)
 
 cluster = pytest.importorskip("sklearn.cluster")

@@ -1,9 +1,9 @@
-"""Kernels, blocked kernel products and the kernel-row cache (svm/gram.py)."""
+"""Kernels, blocked kernel products and the kernel-row cache (svm/solver/gram.py)."""
 import numpy as np
 import pytest
 
 from kernels.errors import InputError
-from svm.gram import KernelRowCache, kernel_product, make_kernel, resolve_gamma
+from svm.solver.gram import KernelRowCache, kernel_product, make_kernel, resolve_gamma
 
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((9, 4))

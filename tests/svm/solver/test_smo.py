@@ -1,11 +1,11 @@
-"""SMO solver and SVC estimator against scikit-learn's LIBSVM (svm/smo.py)."""
+"""SMO solver and SVC estimator against scikit-learn's LIBSVM (svm/solver/smo.py)."""
 import numpy as np
 import pytest
 
 from kernels.errors import InputError
-from svm.gram import KernelRowCache, make_kernel
-from svm.smo import ConvergenceWarning, bias_from_parts, bias_parts, pair_step, smo_solve
-from svm.svc import SVC
+from svm.solver.gram import KernelRowCache, make_kernel
+from svm.solver.smo import ConvergenceWarning, bias_from_parts, bias_parts, pair_step, smo_solve
+from svm.solver.svc import SVC
 
 sklearn_svm = pytest.importorskip("sklearn.svm")
 datasets = pytest.importorskip("sklearn.datasets")
