@@ -21,17 +21,7 @@ from typing import Optional
 
 from bench.settings import resolve
 from kernels.errors import InputError
-
-#: nccl-tests bus-bandwidth factors, from algorithm bandwidth to bus bandwidth.
-BUS_FACTORS = {
-    "allreduce": lambda p: 2 * (p - 1) / p,
-    "allgather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "alltoall": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-    "sendrecv": lambda p: 1.0,
-}
-
+from kernels.traffic import BUS_FACTORS
 
 @dataclass
 class Metrics:

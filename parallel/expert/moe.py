@@ -17,13 +17,12 @@ numbers). With ``R_out`` rows this rank sends to other ranks' experts (at most
 each pass costs ``~2 (p-1) alpha + (R_out + R_in) hidden w beta`` in the
 all-to-alls (plus ``(p-1) alpha`` for the counts, forward) and one small
 allreduce. ``bytes_sent`` counts the all-to-all rows and counts exactly and the
-allreduces as a ring would send them (`parallel.tensor.tensor_parallel.CommCounter`).
+allreduces as a ring would send them (`kernels.traffic`, through `parallel.tensor.tensor_parallel.CommCounter`).
 Memory per rank: the ``(k n_r, hidden)`` output and gradient buffers of the
 combine, the received rows and the experts' activations (``R_in + kept own rows``
 by ``ffn``).
 """
 import numpy as np
-from mpi4py import MPI
 
 from kernels.errors import InputError
 from parallel.expert.layer import MoELayer, SerialMoE
@@ -60,22 +59,20 @@ class ParallelMoE(CountedCommunication, MoELayer):
         return [x]
 
     def _alltoallv(self, send, send_rows, recv_rows):
-        start = MPI.Wtime()
-        recv = np.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
-        layout = [(rows * self.hidden, (np.cumsum(rows) - rows) * self.hidden) for rows in (send_rows, recv_rows)]
-        self.comm.Alltoallv([np.ascontiguousarray(send), layout[0]], [recv, layout[1]])
-        self.counter.seconds += MPI.Wtime() - start
-        self.counter.bytes_sent += int(send_rows.sum() - send_rows[self.comm.rank]) * self.hidden * send.itemsize
+        with self.counter.timed():
+            recv = np.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
+            layout = [(rows * self.hidden, (np.cumsum(rows) - rows) * self.hidden) for rows in (send_rows, recv_rows)]
+            self.comm.Alltoallv([np.ascontiguousarray(send), layout[0]], [recv, layout[1]])
+        self.counter.add("send", int(send_rows.sum() - send_rows[self.comm.rank]) * self.hidden * send.itemsize)
         return recv
 
     def _to_experts(self, rows, counts):
         if counts is not None:
-            start = MPI.Wtime()
-            send_counts = counts[0].reshape(self.comm.size, self.local_experts).astype(np.int64)
-            self._recv_counts = np.empty_like(send_counts)
-            self.comm.Alltoall(send_counts, self._recv_counts)
-            self.counter.seconds += MPI.Wtime() - start
-            self.counter.bytes_sent += (self.comm.size - 1) * self.local_experts * send_counts.itemsize
+            with self.counter.timed():
+                send_counts = counts[0].reshape(self.comm.size, self.local_experts).astype(np.int64)
+                self._recv_counts = np.empty_like(send_counts)
+                self.comm.Alltoall(send_counts, self._recv_counts)
+            self.counter.add("send", (self.comm.size - 1) * self.local_experts * send_counts.itemsize)
             self._send_rows = send_counts.sum(axis=1)
         return self._alltoallv(rows[0], self._send_rows, self._recv_counts.sum(axis=1)), self._recv_counts
 

@@ -37,47 +37,27 @@ layer's ``Y``), ring algorithms: an allreduce costs ``2 (p-1) alpha + 2 (p-1)/p 
 beta``, an allgather or a reduce-scatter ``(p-1) alpha + (p-1)/p n beta`` (the
 sequence-parallel column forward and row backward add one ``Allgather`` of one
 integer per rank: the token counts). `CommCounter.bytes_sent` adds up these
-nominal ring bytes (``2 (p-1)/p n`` per allreduce, ``(p-1)/p n`` per allgather or
-reduce-scatter, the token counts not included), whatever algorithm MPI picks.
+nominal ring bytes by the convention of `kernels.traffic` (``2 (p-1)/p n`` per
+allreduce, ``(p-1)/p n`` per allgather or reduce-scatter, the token counts not
+included), whatever algorithm MPI picks.
 """
 import numpy as np
 from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.errors import InputError
+from kernels.traffic import TrafficCounter
 from parallel.nn.layers import Linear, ReLU, Sequential
 
 
-class CommCounter:
-    """A communicator whose collectives count this rank's bytes sent and seconds spent.
-
-    Attributes
-    ----------
-    comm : MPI.Comm
-    bytes_sent : int
-        Nominal ring bytes sent so far (see the module docstring).
-    seconds : float
-        Wall time spent inside the communication calls (waits for other ranks included).
-    """
-
-    def __init__(self, comm):
-        self.comm = comm
-        self.reset()
-
-    def reset(self):
-        """Zero the counters."""
-        self.bytes_sent, self.seconds = 0, 0.0
-
-    def _ring_bytes(self, nbytes, steps):
-        """Bytes a ring algorithm sends for ``steps`` passes (1 or 2) over ``nbytes``."""
-        return int(round(steps * (self.comm.size - 1) * nbytes / self.comm.size))
+class CommCounter(TrafficCounter):
+    """A communicator whose collectives count this rank's bytes sent and seconds spent (`kernels.traffic`)."""
 
     def allreduce(self, array):
         """Sum a contiguous ``array`` over the ranks, in place; return it."""
-        start = MPI.Wtime()
-        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-        self.seconds += MPI.Wtime() - start
-        self.bytes_sent += self._ring_bytes(array.nbytes, 2)
+        with self.timed():
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        self.add("allreduce", array.nbytes)
         return array
 
     def _token_counts(self, total):
@@ -86,32 +66,30 @@ class CommCounter:
 
     def allgather_rows(self, local):
         """Concatenate every rank's row block ``local`` (rows ``block_range(T, p, rank)``) into ``(T, ...)``."""
-        start = MPI.Wtime()
-        counts = np.empty(self.comm.size, dtype=np.int64)
-        self.comm.Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
-        total = int(counts.sum())
-        rows, offsets = self._token_counts(total)
-        if counts.tolist() != rows:
-            raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
-                             f"block_range layout {rows} of {total} tokens")
-        width = int(np.prod(local.shape[1:]))
-        full = np.empty((total,) + local.shape[1:], dtype=local.dtype)
-        self.comm.Allgatherv(np.ascontiguousarray(local),
-                             [full, ([c * width for c in rows], [o * width for o in offsets])])
-        self.seconds += MPI.Wtime() - start
-        self.bytes_sent += self._ring_bytes(full.nbytes, 1)
+        with self.timed():
+            counts = np.empty(self.comm.size, dtype=np.int64)
+            self.comm.Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
+            total = int(counts.sum())
+            rows, offsets = self._token_counts(total)
+            if counts.tolist() != rows:
+                raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
+                                 f"block_range layout {rows} of {total} tokens")
+            width = int(np.prod(local.shape[1:]))
+            full = np.empty((total,) + local.shape[1:], dtype=local.dtype)
+            self.comm.Allgatherv(np.ascontiguousarray(local),
+                                 [full, ([c * width for c in rows], [o * width for o in offsets])])
+        self.add("allgather", full.nbytes)
         return full
 
     def reduce_scatter_rows(self, full):
         """Sum ``full`` (T, ...) over the ranks and return this rank's rows ``block_range(T, p, rank)``."""
-        start = MPI.Wtime()
-        rows, _ = self._token_counts(full.shape[0])
-        width = int(np.prod(full.shape[1:]))
-        local = np.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
-        self.comm.Reduce_scatter(np.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
-                                 op=MPI.SUM)
-        self.seconds += MPI.Wtime() - start
-        self.bytes_sent += self._ring_bytes(full.nbytes, 1)
+        with self.timed():
+            rows, _ = self._token_counts(full.shape[0])
+            width = int(np.prod(full.shape[1:]))
+            local = np.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
+            self.comm.Reduce_scatter(np.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
+                                     op=MPI.SUM)
+        self.add("reduce_scatter", full.nbytes)
         return local
 
 

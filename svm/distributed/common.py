@@ -1,15 +1,7 @@
 """Shared pieces of the parallel SVMs: a byte-counting communicator and a binary estimator base.
 
-Bytes sent (``bytes_sent_`` of every parallel SVM) follow one convention, the
-per-rank traffic of a bandwidth-optimal algorithm (the nccl-tests bus factors the
-harness uses for busbw), for a payload of ``n`` bytes on ``p`` ranks:
-
-- ``Send`` (and the send half of ``Sendrecv``): ``n``;
-- ``Bcast``: ``n`` on every rank (pipelined / scatter-allgather broadcast);
-- ``Allreduce``: ``2 (p - 1) / p * n``;
-- ``Allgatherv``: ``(p - 1) / p * N`` with ``N`` the gathered total;
-- pickled objects (``bcast``, ``allgather``): as above with ``n`` the pickle size;
-- nothing at all on one rank. Receiving costs nothing.
+Bytes sent (``bytes_sent_`` of every parallel SVM) are counted by `kernels.traffic`:
+pickled objects (``bcast``, ``allgather``) count their pickle size.
 """
 import pickle
 
@@ -17,15 +9,9 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.errors import InputError
+from kernels.traffic import TrafficCounter
 from svm.solver.gram import kernel_product, make_kernel
 from svm.solver.smo import check_samples, check_solver_options
-
-_BUS_FACTORS = {
-    "send": lambda p: 1.0,
-    "bcast": lambda p: 1.0,
-    "allreduce": lambda p: 2 * (p - 1) / p,
-    "allgather": lambda p: (p - 1) / p,
-}
 
 
 def resolve_comm(comm):
@@ -33,11 +19,11 @@ def resolve_comm(comm):
     return MPI.COMM_WORLD if comm is None else comm
 
 
-class CountingComm:
-    """A communicator wrapper that counts the bytes this rank sends (module convention).
+class CountingComm(TrafficCounter):
+    """A communicator wrapper that counts the bytes this rank sends (`kernels.traffic`).
 
     Only the methods below exist, so every transfer is counted; use `add` for a
-    transfer made on ``comm`` directly. ``bytes_sent`` is a float (bus factors).
+    transfer made on ``comm`` directly.
 
     Parameters
     ----------
@@ -45,14 +31,8 @@ class CountingComm:
     """
 
     def __init__(self, comm):
-        self.comm = comm
+        super().__init__(comm)
         self.rank, self.size = comm.rank, comm.size
-        self.bytes_sent = 0.0
-
-    def add(self, kind, nbytes):
-        """Count a transfer of ``nbytes`` of kind ``send``, ``bcast``, ``allreduce`` or ``allgather``."""
-        if self.size > 1:
-            self.bytes_sent += _BUS_FACTORS[kind](self.size) * nbytes
 
     def Send(self, array, dest, tag=0):
         self.add("send", array.nbytes)
@@ -62,7 +42,7 @@ class CountingComm:
         self.comm.Recv(array, source=source, tag=tag)
 
     def Bcast(self, array, root=0):
-        self.add("bcast", array.nbytes)
+        self.add("broadcast", array.nbytes)
         self.comm.Bcast(array, root=root)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
@@ -77,7 +57,7 @@ class CountingComm:
 
     def bcast(self, obj, root=0):
         if self.rank == root:
-            self.add("bcast", len(pickle.dumps(obj)))
+            self.add("broadcast", len(pickle.dumps(obj)))
         return self.comm.bcast(obj, root=root)
 
     def allgather(self, obj):
