@@ -2,47 +2,84 @@
 
 The collectives (`parallel.collectives.ring`, `parallel.collectives.power_of_two`,
 `parallel.collectives.tree`) work on point-to-point messages for any rank count ``p``,
-any length (also below ``p``, and zero), 1-D contiguous float32 / float64 arrays;
-``op`` "sum" or "max", reduced by NumPy ufuncs in place; messages are contiguous
-views, never copies. Costs are per rank, alpha per message, beta per byte sent,
+any length (also below ``p``, and zero), 1-D contiguous buffers of integers or
+floating-point numbers (NumPy arrays or any buffer-protocol object, as mpi4py
+takes them; complex numbers for "sum" only); ``op`` "sum" or "max" (or
+``MPI.SUM`` / ``MPI.MAX``), reduced by NumPy ufuncs in place; messages are
+contiguous views, never copies. A caller's misuse is a ``TypeError`` (not a
+buffer, unsupported type, mismatched types) or a ``ValueError`` (unknown op,
+shape, contiguity, length), as in mpi4py; these are library errors, not user input. Costs are per rank, alpha per message, beta per byte sent,
 gamma per byte reduced; ``n`` is the vector size in bytes, ``p' = 2**floor(log2 p)``.
 """
+import functools
+
 import numpy as np
 from mpi4py import MPI
 
 from kernels.distribution import block_offsets, block_range
-from kernels.errors import InputError
 
 REDUCE_OPS = {"sum": np.add, "max": np.maximum}
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+MPI_OPS = ((MPI.SUM, "sum"), (MPI.MAX, "max"))
+#: NumPy dtype kinds the collectives reduce: signed and unsigned integers, floats, complex (sum only).
+SUPPORTED_KINDS = "iufc"
 # Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
 COLLECTIVE_TAG = 0x6D6C
 
 
-def reduce_ufunc(op):
-    """Return the NumPy ufunc of the reduction ``op`` ("sum" or "max")."""
+def reduce_ufunc(op, dtype=None):
+    """Return the NumPy ufunc of the reduction ``op`` ("sum", "max", ``MPI.SUM`` or ``MPI.MAX``)."""
+    if isinstance(op, MPI.Op):
+        name = next((text for mpi_op, text in MPI_OPS if op == mpi_op), None)
+    else:
+        name = op if isinstance(op, str) else None
+    if name not in REDUCE_OPS:
+        raise ValueError(f"unknown reduction op {op!r}; choose one of: {', '.join(REDUCE_OPS)}, MPI.SUM, MPI.MAX")
+    if name == "max" and dtype is not None and dtype.kind == "c":
+        raise TypeError(f"op 'max' is not defined for {dtype}")
+    return REDUCE_OPS[name]
+
+
+def buffer_array(name, buffer):
+    """``buffer`` as an ndarray sharing its memory (NumPy arrays as they are; any buffer-protocol object)."""
+    if isinstance(buffer, np.ndarray):
+        return buffer
     try:
-        return REDUCE_OPS[op]
-    except (KeyError, TypeError):
-        raise InputError(f"unknown reduction op {op!r}; choose one of: {', '.join(REDUCE_OPS)}") from None
+        memoryview(buffer)
+    except TypeError:
+        raise TypeError(f"{name} must be a buffer (a NumPy array or another buffer-protocol object), "
+                        f"not {type(buffer).__name__}") from None
+    return np.asarray(buffer)
+
+
+def accepts_buffers(collective):
+    """Decorate ``collective(comm, sendbuf, recvbuf, ...)`` to take any buffers and return ``recvbuf`` as passed."""
+    @functools.wraps(collective)
+    def wrapper(comm, sendbuf, recvbuf, *args, **kwargs):
+        send = sendbuf if sendbuf is MPI.IN_PLACE else buffer_array("sendbuf", sendbuf)
+        collective(comm, send, buffer_array("recvbuf", recvbuf), *args, **kwargs)
+        return recvbuf
+    return wrapper
 
 
 def operands(sendbuf, recvbuf):
-    """Validate both buffers and return the input array (``recvbuf`` when in place)."""
+    """Validate both arrays and return the input array (``recvbuf`` when in place)."""
     source = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
     for name, array in (("recvbuf", recvbuf), ("sendbuf", source)):
-        if not isinstance(array, np.ndarray) or array.ndim != 1 or not array.flags.c_contiguous:
-            raise InputError(f"{name} must be a 1-D contiguous NumPy array")
-        if array.dtype not in SUPPORTED_DTYPES:
-            raise InputError(f"{name} has dtype {array.dtype}; supported: float32, float64")
+        if array.dtype.kind not in SUPPORTED_KINDS:
+            raise TypeError(f"{name} has dtype {array.dtype}; supported: integers, floating-point and complex numbers")
+        if array.ndim != 1 or not array.flags.c_contiguous:
+            raise ValueError(f"{name} must be 1-D and contiguous, got shape {array.shape}"
+                             + ("" if array.flags.c_contiguous else " (not contiguous)"))
     if source.dtype != recvbuf.dtype:
-        raise InputError(f"sendbuf is {source.dtype} but recvbuf is {recvbuf.dtype}")
+        raise TypeError(f"sendbuf is {source.dtype} but recvbuf is {recvbuf.dtype}")
+    if not recvbuf.flags.writeable:
+        raise ValueError("recvbuf is read-only")
     return source
 
 
 def _check_size(name, array, size, meaning):
     if array.size != size:
-        raise InputError(f"{name} has {array.size} items, expected {size} ({meaning})")
+        raise ValueError(f"{name} has {array.size} items, expected {size} ({meaning})")
 
 
 def check_block(name, array, n, comm):
@@ -56,8 +93,8 @@ def allreduce_operands(sendbuf, recvbuf, op, copy_input=True):
 
     With ``copy_input`` an out-of-place input is first copied into ``recvbuf``.
     """
-    ufunc = reduce_ufunc(op)
     source = operands(sendbuf, recvbuf)
+    ufunc = reduce_ufunc(op, source.dtype)
     _check_size("sendbuf", source, recvbuf.size, "the length of recvbuf")
     if copy_input and source is not recvbuf:
         np.copyto(recvbuf, source)

@@ -8,7 +8,8 @@ notation as in `parallel.collectives.base`.
 import numpy as np
 
 from kernels.distribution import block_offsets
-from parallel.collectives.base import COLLECTIVE_TAG, allreduce_operands, exchange, exchange_and_reduce
+from parallel.collectives.base import (COLLECTIVE_TAG, accepts_buffers, allreduce_operands, exchange,
+                                      exchange_and_reduce)
 
 
 class _PowerOfTwoFold:
@@ -63,6 +64,7 @@ class _PowerOfTwoFold:
                 self.comm.Recv(work, source=rank + 1, tag=COLLECTIVE_TAG)
 
 
+@accepts_buffers
 def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive doubling: ``log2 p'`` full-vector exchanges.
 
@@ -88,6 +90,7 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     return recvbuf
 
 
+@accepts_buffers
 def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive-halving reduce-scatter and recursive-doubling allgather.
 

@@ -7,7 +7,7 @@ phase: bandwidth-optimal, but ``p-1`` messages per phase.
 """
 import numpy as np
 
-from parallel.collectives.base import (allreduce_operands, block_slices, check_block, exchange,
+from parallel.collectives.base import (accepts_buffers, allreduce_operands, block_slices, check_block, exchange,
                                       exchange_and_reduce, operands, reduce_ufunc)
 
 
@@ -45,6 +45,7 @@ def _ring_allgather(comm, work, slices):
         exchange(comm, work[slices[(rank - step) % p]], right, work[slices[(rank - step - 1) % p]], left)
 
 
+@accepts_buffers
 def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by a ring reduce-scatter followed by a ring allgather.
 
@@ -52,9 +53,9 @@ def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     ----------
     comm : MPI.Comm
         Every rank calls with the same length, dtype and ``op``.
-    sendbuf : ndarray, shape (n,), or MPI.IN_PLACE
+    sendbuf : buffer, shape (n,), or MPI.IN_PLACE
         This rank's contribution; ``MPI.IN_PLACE`` takes it from ``recvbuf``.
-    recvbuf : ndarray, shape (n,)
+    recvbuf : buffer, shape (n,)
         Gets the elementwise reduction over all ranks (same on every rank).
     op : {"sum", "max"}
 
@@ -78,15 +79,16 @@ def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     return recvbuf
 
 
+@accepts_buffers
 def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     """Reduce ``n`` items over all ranks and leave block ``comm.rank`` on each rank (ring).
 
     Parameters
     ----------
     comm : MPI.Comm
-    sendbuf : ndarray, shape (n,), or MPI.IN_PLACE
+    sendbuf : buffer, shape (n,), or MPI.IN_PLACE
         This rank's full-length contribution.
-    recvbuf : ndarray
+    recvbuf : buffer
         Out of place: shape ``(block_counts(n, p)[rank],)``, gets the reduced block
         ``block_range(n, p, rank)``. In place: shape ``(n,)``, holds the input; on
         return its block ``block_range(n, p, rank)`` holds the result and the other
@@ -101,8 +103,8 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     -----
     Cost per rank: ``(p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma``; scratch: two blocks.
     """
-    ufunc = reduce_ufunc(op)
     source = operands(sendbuf, recvbuf)
+    ufunc = reduce_ufunc(op, source.dtype)
     slices = block_slices(source.size, comm.size)
     if source is not recvbuf:
         check_block("recvbuf", recvbuf, source.size, comm)
@@ -112,16 +114,17 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     return recvbuf
 
 
+@accepts_buffers
 def allgather_ring(comm, sendbuf, recvbuf):
     """Gather every rank's block into the full vector on every rank (ring).
 
     Parameters
     ----------
     comm : MPI.Comm
-    sendbuf : ndarray, shape (block_counts(n, p)[rank],), or MPI.IN_PLACE
+    sendbuf : buffer, shape (block_counts(n, p)[rank],), or MPI.IN_PLACE
         This rank's block; ``MPI.IN_PLACE``: it already sits in ``recvbuf`` at
         ``block_range(n, p, rank)``.
-    recvbuf : ndarray, shape (n,)
+    recvbuf : buffer, shape (n,)
         Gets block ``r`` of every rank ``r`` at ``block_range(n, p, r)``.
 
     Returns

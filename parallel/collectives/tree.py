@@ -4,9 +4,10 @@ Any rank count; conventions and cost notation as in `parallel.collectives.base`.
 """
 import numpy as np
 
-from parallel.collectives.base import COLLECTIVE_TAG, allreduce_operands
+from parallel.collectives.base import COLLECTIVE_TAG, accepts_buffers, allreduce_operands
 
 
+@accepts_buffers
 def allreduce_tree(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by a binomial-tree reduce to rank 0 and a binomial-tree broadcast.
 
