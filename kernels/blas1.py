@@ -28,14 +28,14 @@ def _local_vector(x, what):
     return x
 
 
-def dot(x, y, comm, timings=None):
+def dot(comm, x, y, timings=None):
     """Global dot product ``x . y`` (no conjugation, as ``np.dot``) of two vectors split the same way.
 
     Parameters
     ----------
+    comm : MPI.Comm
     x, y : ndarray, local shape ``(n_r,)``
         This rank's blocks of two global vectors of length ``n``, of one supported dtype.
-    comm : MPI.Comm
     timings : dict, optional
         ``"comm"`` and ``"compute"`` seconds are added to it.
 
@@ -66,7 +66,7 @@ def dot(x, y, comm, timings=None):
     return partial[:1].astype(x.dtype)[0]
 
 
-def nrm2(x, comm, timings=None):
+def nrm2(comm, x, timings=None):
     """Global Euclidean norm ``||x||_2`` without overflow or underflow.
 
     The entries are divided by the global largest magnitude (found with an
@@ -75,9 +75,9 @@ def nrm2(x, comm, timings=None):
 
     Parameters
     ----------
+    comm : MPI.Comm
     x : ndarray, local shape ``(n_r,)``
         This rank's block of a global vector of length ``n``, of one supported dtype.
-    comm : MPI.Comm
     timings : dict, optional
         ``"comm"`` and ``"compute"`` seconds are added to it.
 

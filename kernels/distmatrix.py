@@ -53,7 +53,7 @@ def _check_layout(comm, layout):
         raise InputError(f"unknown layout {layout!r}: use 'rows', 'cols' or a ProcessGrid")
 
 
-def _block_of(shape, comm, layout, rank):
+def _block_of(comm, shape, layout, rank):
     """Row and column ranges held by ``rank`` of ``comm``, and whether it is not a replica."""
     m, n = shape
     if layout == "rows":
@@ -77,12 +77,12 @@ class DistMatrix:
 
     Parameters
     ----------
+    comm : MPI.Comm
+        All ranks holding blocks (for a grid layout, the communicator it was built on).
     local : array_like
         This rank's block, of shape ``(len(row_range), len(col_range))``.
     shape : tuple of int
         Global shape ``(m, n)``.
-    comm : MPI.Comm
-        All ranks holding blocks (for a grid layout, the communicator it was built on).
     layout : {"rows", "cols"} or ProcessGrid
 
     Attributes
@@ -97,13 +97,13 @@ class DistMatrix:
         False on the replica layers (depth coordinate > 0) of a 3D grid.
     """
 
-    def __init__(self, local, shape, comm, layout="rows"):
+    def __init__(self, comm, local, shape, layout="rows"):
         _check_layout(comm, layout)
         self.shape = _check_shape(shape)
         self.comm = comm
         self.layout = layout
         self.grid = layout if isinstance(layout, ProcessGrid) else None
-        self.row_range, self.col_range, self.primary = _block_of(self.shape, comm, layout, comm.rank)
+        self.row_range, self.col_range, self.primary = _block_of(comm, self.shape, layout, comm.rank)
         self.local = np.asarray(local)
         expected = (self.row_range[1] - self.row_range[0], self.col_range[1] - self.col_range[0])
         if self.local.shape != expected:
@@ -126,24 +126,24 @@ class DistMatrix:
         return slice(*self.col_range)
 
     @classmethod
-    def zeros(cls, shape, comm, layout="rows", dtype=np.float64):
+    def zeros(cls, comm, shape, layout="rows", dtype=np.float64):
         """A zero matrix; every rank of ``comm`` allocates only its block."""
         _check_layout(comm, layout)
-        rows, cols, _ = _block_of(_check_shape(shape), comm, layout, comm.rank)
+        rows, cols, _ = _block_of(comm, _check_shape(shape), layout, comm.rank)
         return cls(np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype), shape, comm, layout)
 
     @classmethod
-    def from_global(cls, matrix, comm, layout="rows"):
+    def from_global(cls, comm, matrix, layout="rows"):
         """Copy this rank's block out of a global 2D array every rank holds (no communication)."""
         matrix = np.asarray(matrix)
         if matrix.ndim != 2:
             raise InputError(f"need a 2D array, got {matrix.ndim} dimensions")
         _check_layout(comm, layout)
-        rows, cols, _ = _block_of(matrix.shape, comm, layout, comm.rank)
+        rows, cols, _ = _block_of(comm, matrix.shape, layout, comm.rank)
         return cls(np.array(matrix[slice(*rows), slice(*cols)], order="C"), matrix.shape, comm, layout)
 
     @classmethod
-    def scatter(cls, matrix, comm, layout="rows", root=0):
+    def scatter(cls, comm, matrix, layout="rows", root=0):
         """Split a global 2D array held by ``root`` into blocks, one per rank (``Scatterv``).
 
         ``matrix`` is ignored on the other ranks. Cost: one broadcast of the shape and
@@ -158,7 +158,7 @@ class DistMatrix:
         if header is None:
             raise InputError("scatter needs a 2D array on the root rank")
         shape, dtype = header
-        result = cls.zeros(shape, comm, layout, np.dtype(dtype))
+        result = cls.zeros(comm, shape, layout, np.dtype(dtype))
         packed = None
         if comm.rank == root:
             blocks = [matrix[slice(*rows), slice(*cols)].ravel()
@@ -191,7 +191,7 @@ class DistMatrix:
 
     def _blocks_of_every_rank(self):
         for rank in range(self.comm.size):
-            yield _block_of(self.shape, self.comm, self.layout, rank)
+            yield _block_of(self.comm, self.shape, self.layout, rank)
 
 
 def _counts_and_displacements(sizes):

@@ -70,7 +70,7 @@ def gemm_1d(A, B, variant="ring", timings=None):
                             [whole_b, ([c * n for c in counts], [o * n for o in offsets])])
         with timed(timings, "compute"):
             np.matmul(a, whole_b.astype(wide, copy=False), out=product)
-        return DistMatrix(product.astype(A.dtype, copy=False), (m, n), comm, "rows")
+        return DistMatrix(comm, product.astype(A.dtype, copy=False), (m, n), "rows")
     travelling = np.zeros((max(counts), n), dtype=A.dtype)
     travelling[:B.local.shape[0]] = B.local
     for step in range(comm.size):
@@ -82,4 +82,4 @@ def gemm_1d(A, B, variant="ring", timings=None):
             with timed(timings, "comm"):
                 comm.Sendrecv_replace(travelling, dest=(comm.rank - 1) % comm.size,
                                       source=(comm.rank + 1) % comm.size)
-    return DistMatrix(product.astype(A.dtype, copy=False), (m, n), comm, "rows")
+    return DistMatrix(comm, product.astype(A.dtype, copy=False), (m, n), "rows")

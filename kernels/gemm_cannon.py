@@ -16,7 +16,7 @@ from kernels.errors import InputError
 from kernels.gemm_checks import square_grid
 
 
-def _shift(buffer, comm, position, distance):
+def _shift(comm, buffer, position, distance):
     """Cyclic shift towards lower positions by ``distance`` over ``comm`` (``Sendrecv_replace``)."""
     distance %= comm.size
     if distance:
@@ -42,8 +42,8 @@ def _cannon_steps(A, B, q, first_step, steps, timings):
     product = np.zeros((A.local.shape[0], B.local.shape[1]), dtype=wide)
     for step in range(steps):
         with timed(timings, "comm"):
-            _shift(a_block, grid.row_comm, j, i + first_step if step == 0 else 1)
-            _shift(b_block, grid.col_comm, i, j + first_step if step == 0 else 1)
+            _shift(grid.row_comm, a_block, j, i + first_step if step == 0 else 1)
+            _shift(grid.col_comm, b_block, i, j + first_step if step == 0 else 1)
         with timed(timings, "compute"):
             product += a_block.astype(wide, copy=False) @ b_block.astype(wide, copy=False)
     return product
@@ -79,7 +79,7 @@ def gemm_cannon(A, B, timings=None):
     """
     q = square_grid(A, B, "gemm_cannon", layered=False)
     product = _cannon_steps(A, B, q, 0, q, timings)
-    return DistMatrix(product.astype(A.dtype, copy=False), (A.shape[0], B.shape[1]), A.comm, A.grid)
+    return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (A.shape[0], B.shape[1]), A.grid)
 
 
 def grid_25d(comm, replicas):
@@ -128,4 +128,4 @@ def gemm_25d(A, B, timings=None):
     product = _cannon_steps(A, B, q, first, last - first, timings)
     with timed(timings, "comm"):
         depth_comm.Allreduce(MPI.IN_PLACE, product, op=MPI.SUM)
-    return DistMatrix(product.astype(A.dtype, copy=False), (A.shape[0], B.shape[1]), A.comm, A.grid)
+    return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (A.shape[0], B.shape[1]), A.grid)

@@ -31,7 +31,7 @@ def _pieces(start, stop, length, parts):
         lo = hi
 
 
-def _broadcast_panel(panel, source, start, stop, length, comm, my_index):
+def _broadcast_panel(comm, panel, source, start, stop, length, my_index):
     """Fill ``panel`` with the rows ``[start, stop)`` of the k-blocks that ``comm``'s ranks own.
 
     ``source`` is this rank's k-block, one row per k index; each piece comes
@@ -88,11 +88,11 @@ def gemm_summa(A, B, panel=256, timings=None):
     for start in range(0, k, width):
         stop = min(start + width, k)
         with timed(timings, "comm"):
-            _broadcast_panel(a_panel_t, A.local.T, start, stop, k, grid.row_comm, j)
-            _broadcast_panel(b_panel, B.local, start, stop, k, grid.col_comm, i)
+            _broadcast_panel(grid.row_comm, a_panel_t, A.local.T, start, stop, k, j)
+            _broadcast_panel(grid.col_comm, b_panel, B.local, start, stop, k, i)
         with timed(timings, "compute"):
             _accumulate_product(product, a_panel_t[:stop - start], b_panel[:stop - start])
-    return DistMatrix(product.astype(A.dtype, copy=False), (m, n), A.comm, grid)
+    return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
 
 
 def _accumulate_product(c, a_t, b):

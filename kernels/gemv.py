@@ -64,14 +64,14 @@ def _local_product(a, x):
     return a.astype(wide, copy=False) @ x.astype(wide, copy=False)
 
 
-def _allgather(block, length, comm):
+def _allgather(comm, block, length):
     counts = block_counts(length, comm.size)
     whole = np.empty(length, dtype=block.dtype)
     comm.Allgatherv(block, [whole, (counts, block_offsets(length, comm.size))])
     return whole
 
 
-def _reduce_scatter(partial, block, comm):
+def _reduce_scatter(comm, partial, block):
     comm.Reduce_scatter(partial, block, recvcounts=block_counts(partial.size, comm.size), op=MPI.SUM)
 
 
@@ -95,7 +95,7 @@ def gemv_rows(A, x, timings=None):
     """
     x, y = _check(A, x, "rows", "gemv_rows")
     with timed(timings, "comm"):
-        whole_x = _allgather(x, A.shape[1], A.comm)
+        whole_x = _allgather(A.comm, x, A.shape[1])
     with timed(timings, "compute"):
         y[...] = _local_product(A.local, whole_x)
     return y.astype(A.dtype, copy=False)
@@ -124,7 +124,7 @@ def gemv_cols(A, x, timings=None):
     with timed(timings, "compute"):
         partial = _local_product(A.local, x)
     with timed(timings, "comm"):
-        _reduce_scatter(partial, y, A.comm)
+        _reduce_scatter(A.comm, partial, y)
     return y.astype(A.dtype, copy=False)
 
 
@@ -154,9 +154,9 @@ def gemv_2d(A, x, timings=None):
     """
     x, y = _check(A, x, "grid", "gemv_2d")
     with timed(timings, "comm"):
-        column_x = _allgather(x, A.local.shape[1], A.grid.col_comm)
+        column_x = _allgather(A.grid.col_comm, x, A.local.shape[1])
     with timed(timings, "compute"):
         partial = _local_product(A.local, column_x)
     with timed(timings, "comm"):
-        _reduce_scatter(partial, y, A.grid.row_comm)
+        _reduce_scatter(A.grid.row_comm, partial, y)
     return y.astype(A.dtype, copy=False)

@@ -104,9 +104,9 @@ class HybridTrainer(GradientStep):
         self.dp_comm, self.pp_comm, self.tp_comm = self.grid.axis_comms
         self.replica, self.stage, self.tp_rank = self.grid.coords
         self.block_indices = range(*block_range(blocks, pp, self.stage))
-        self.blocks = [ParallelMLP(hidden, ffn, self.tp_comm, block_seed(seed, k), dtype)
+        self.blocks = [ParallelMLP(self.tp_comm, hidden, ffn, block_seed(seed, k), dtype)
                        for k in self.block_indices]
-        self.pipeline = Pipeline(self.blocks, self.pp_comm, (hidden,), micro_batches, schedule, dtype,
+        self.pipeline = Pipeline(self.pp_comm, self.blocks, (hidden,), micro_batches, schedule, dtype,
                                  data_comm=self.dp_comm)
 
     def parameters(self):

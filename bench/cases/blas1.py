@@ -63,8 +63,8 @@ class Blas1(BlasCase):
             "numpy_dot": library_kernel(np.dot, x, y),
             "numpy_nrm2": library_kernel(np.linalg.norm, x),
             "numpy_axpy": library_kernel(lambda: np.add(y, dtype.type(axpy_alpha(state.runs)) * x, out=y)),
-            "dot": partial(blas1.dot, x, y, comm),
-            "nrm2": partial(blas1.nrm2, x, comm),
+            "dot": partial(blas1.dot, comm, x, y),
+            "nrm2": partial(blas1.nrm2, comm, x),
             "axpy": lambda timings: blas1.axpy(axpy_alpha(state.runs), x, y, timings),
         }
         state.kernel = kernels[state.variant]

@@ -170,7 +170,7 @@ class DataParallel(Case):
         model = _build_model(settings["model"], data[0].shape[-1], dtype)
         options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",
                                                   "precision")}
-        trainer = DataParallelTrainer(model, comm, **options)
+        trainer = DataParallelTrainer(comm, model, **options)
         optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
         return _State(comm, dtype, size, settings, trainer, optimizer, data, offsets)

@@ -98,7 +98,7 @@ class MixtureOfExperts(Case):
             raise InputError(f"moe: need at least one token, got {size}")
         self.check_ranks(comm.size, variant)
         settings = dict(self.config, experts=self.config["experts_per_rank"] * comm.size, top_k=TOP_K[variant])
-        layer = ParallelMoE(settings["hidden"], settings["ffn"], settings["experts"], comm, settings["top_k"],
+        layer = ParallelMoE(comm, settings["hidden"], settings["ffn"], settings["experts"], settings["top_k"],
                             settings["capacity_factor"], SEED, dtype, AUX_LOSS_WEIGHT)
         rng = np.random.default_rng(SEED)
         x, dy = (rng.standard_normal((size, settings["hidden"])).astype(dtype) for _ in range(2))

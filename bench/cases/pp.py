@@ -114,7 +114,7 @@ class PipelineSuite(Case):
         layers = self._build(dtype).layers
         bounds = partition(layers, comm.size, self.balance)
         start, stop = bounds[comm.rank]
-        stage = Pipeline(layers[start:stop], comm, (self.width,), m, variant, dtype)
+        stage = Pipeline(comm, layers[start:stop], (self.width,), m, variant, dtype)
         optimizer = SGD(stage.parameters(), lr=LEARNING_RATE)
         offset = sum(param.size for layer in layers[:start] for param, _ in layer.parameters())
         return _State(comm, dtype, size, variant, stage, optimizer,

@@ -98,10 +98,10 @@ class TensorParallel(Case):
         if variant == "serial":
             model = serial_mlp(hidden, ffn, SEED, dtype)
         else:
-            model = ParallelMLP(hidden, ffn, comm, SEED, dtype, sequence_parallel=variant == "sequence")
+            model = ParallelMLP(comm, hidden, ffn, SEED, dtype, sequence_parallel=variant == "sequence")
         rng = np.random.default_rng(SEED)
         x, dy = (rng.standard_normal((size, hidden)).astype(dtype) for _ in range(2))
-        tokens = token_shard(size, comm) if variant == "sequence" else slice(None)
+        tokens = token_shard(comm, size) if variant == "sequence" else slice(None)
         return MeasuredState(comm, variant, dtype, size, dict(self.config), model, x, dy, tokens)
 
     def run(self, state):

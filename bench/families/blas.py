@@ -82,7 +82,7 @@ def seeded_vector(name, start, stop, dtype="float64"):
 
 def seeded_matrix(name, n, comm, layout, dtype):
     """This rank's block of the seeded ``n x n`` matrix ``name`` as a `DistMatrix` (no communication)."""
-    matrix = DistMatrix.zeros((n, n), comm, layout, dtype)
+    matrix = DistMatrix.zeros(comm, (n, n), layout, dtype)
     first, last = matrix.row_range
     for start in range(first, last, CHUNK_ROWS):
         rows = range(start, min(last, start + CHUNK_ROWS))

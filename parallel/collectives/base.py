@@ -82,7 +82,7 @@ def _check_size(name, array, size, meaning):
         raise ValueError(f"{name} has {array.size} items, expected {size} ({meaning})")
 
 
-def check_block(name, array, n, comm):
+def check_block(comm, name, array, n):
     """``array`` must have the length of this rank's block of ``n`` items."""
     start, stop = block_range(n, comm.size, comm.rank)
     _check_size(name, array, stop - start, f"block {comm.rank} of {n} items over {comm.size} ranks")

@@ -107,7 +107,7 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     ufunc = reduce_ufunc(op, source.dtype)
     slices = block_slices(source.size, comm.size)
     if source is not recvbuf:
-        check_block("recvbuf", recvbuf, source.size, comm)
+        check_block(comm, "recvbuf", recvbuf, source.size)
     out = recvbuf[slices[comm.rank]] if source is recvbuf else recvbuf
     if source.size:
         _ring_reduce_scatter(comm, source, slices, ufunc, out)
@@ -138,7 +138,7 @@ def allgather_ring(comm, sendbuf, recvbuf):
     source = operands(sendbuf, recvbuf)
     slices = block_slices(recvbuf.size, comm.size)
     if source is not recvbuf:
-        check_block("sendbuf", source, recvbuf.size, comm)
+        check_block(comm, "sendbuf", source, recvbuf.size)
         np.copyto(recvbuf[slices[comm.rank]], source)
     if recvbuf.size:
         _ring_allgather(comm, recvbuf, slices)

@@ -43,7 +43,7 @@ from parallel.nn.optim import GradientStep
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
 
 
-def shard(n, comm):
+def shard(comm, n):
     """Return the slice of a global batch of ``n`` samples that ``comm.rank`` trains on (`block_range`)."""
     return slice(*block_range(n, comm.size, comm.rank))
 
@@ -53,12 +53,12 @@ class DataParallelTrainer(GradientStep):
 
     Parameters
     ----------
+    comm : MPI.Comm
     model : Layer
         A `Sequential` (or single layer) whose backward equals running
         ``model.leaves()`` backwards in reverse; the same seed on every rank (rank
         0's parameters are broadcast at construction anyway). Its parameters and
         gradients are moved into `flat_params` / `flat_grads`.
-    comm : MPI.Comm
     allreduce : str
         ``"mpi"`` (``MPI.Allreduce`` / ``Iallreduce``) or a key of
         `parallel.collectives.ALLREDUCE_ALGORITHMS`.
@@ -85,7 +85,7 @@ class DataParallelTrainer(GradientStep):
         ranks), summed over all steps.
     """
 
-    def __init__(self, model, comm, allreduce="mpi", bucket_bytes=0, overlap=False, micro_batches=1,
+    def __init__(self, comm, model, allreduce="mpi", bucket_bytes=0, overlap=False, micro_batches=1,
                  precision="full", loss=softmax_cross_entropy):
         if allreduce not in ALLREDUCE_CHOICES:
             raise InputError(f"unknown allreduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
@@ -125,7 +125,7 @@ class DataParallelTrainer(GradientStep):
         Parameters
         ----------
         x, y : ndarray, shape (n_local, ...) and (n_local,)
-            This rank's samples and labels (may be empty), e.g. ``x[shard(n, comm)]``.
+            This rank's samples and labels (may be empty), e.g. ``x[shard(comm, n)]``.
         batch_size : int, optional
             The global batch size (the sum of ``n_local`` over ranks); computed with
             one small ``allreduce`` when not given.

@@ -40,7 +40,7 @@ class ParallelMoE(CountedCommunication, MoELayer):
     After forward: ``aux_loss``, ``dropped``, ``expert_load``, ``tokens`` (global).
     """
 
-    def __init__(self, hidden, ffn, experts, comm, top_k=1, capacity_factor=1.0, seed=0, dtype=np.float32,
+    def __init__(self, comm, hidden, ffn, experts, top_k=1, capacity_factor=1.0, seed=0, dtype=np.float32,
                  aux_loss_weight=0.0):
         if experts % comm.size:
             raise InputError(f"ParallelMoE: {experts} experts cannot be spread evenly over {comm.size} ranks")

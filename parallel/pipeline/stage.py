@@ -57,10 +57,10 @@ class Pipeline(GradientStep):
 
     Parameters
     ----------
-    layers : sequence of Layer
-        This stage's layers, e.g. ``model_layers[slice(*partition(model_layers, comm.size)[comm.rank])]``.
     comm : MPI.Comm
         The stages, in order.
+    layers : sequence of Layer
+        This stage's layers, e.g. ``model_layers[slice(*partition(model_layers, comm.size)[comm.rank])]``.
     input_shape : tuple of int
         Shape of one input sample (read on the first stage).
     micro_batches : int
@@ -91,7 +91,7 @@ class Pipeline(GradientStep):
         layer state, and on the last stage the output gradients waiting for their backward.
     """
 
-    def __init__(self, layers, comm, input_shape, micro_batches=1, schedule="1f1b", dtype=np.float32,
+    def __init__(self, comm, layers, input_shape, micro_batches=1, schedule="1f1b", dtype=np.float32,
                  data_comm=None, loss=softmax_cross_entropy):
         if int(micro_batches) != micro_batches or micro_batches < 1:
             raise InputError(f"pipeline: micro_batches must be an integer >= 1, got {micro_batches}")

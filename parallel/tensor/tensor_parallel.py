@@ -100,7 +100,7 @@ def serial_mlp(hidden, ffn, seed=0, dtype=np.float32):
                        Linear(ffn, hidden, rng=seed + 1, dtype=dtype)])
 
 
-def token_shard(tokens, comm):
+def token_shard(comm, tokens):
     """The slice of ``tokens`` rows that ``comm.rank`` holds under sequence parallelism (`block_range`)."""
     return slice(*block_range(tokens, comm.size, comm.rank))
 
@@ -108,7 +108,7 @@ def token_shard(tokens, comm):
 class _ParallelLinear(Linear):
     """Shared set-up: build the serial `Linear` from ``rng`` and keep this rank's block of one axis."""
 
-    def __init__(self, in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis):
+    def __init__(self, comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis):
         split = (in_features, out_features)[split_axis]
         if min(in_features, out_features) < 1 or split < comm.size:
             raise InputError(f"{type(self).__name__}: cannot split {split} {('input', 'output')[split_axis]} "
@@ -138,10 +138,10 @@ class ColumnParallelLinear(_ParallelLinear):
 
     Parameters
     ----------
-    in_features, out_features : int
-        Serial layer sizes; ``out_features >= p``.
     comm : MPI.Comm
         The tensor-parallel group (all ranks call every method together).
+    in_features, out_features : int
+        Serial layer sizes; ``out_features >= p``.
     rng : int or numpy.random.Generator
         Seed of the serial `Linear` whose columns this rank keeps.
     dtype : numpy dtype
@@ -156,9 +156,9 @@ class ColumnParallelLinear(_ParallelLinear):
     the ranks, or this rank's (T_r, in) rows of it.
     """
 
-    def __init__(self, in_features, out_features, comm, rng=0, dtype=np.float32, sequence_parallel=False,
+    def __init__(self, comm, in_features, out_features, rng=0, dtype=np.float32, sequence_parallel=False,
                  counter=None):
-        super().__init__(in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis=1)
+        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=1)
 
     def forward(self, x):
         x = np.asarray(x, dtype=self.dtype)
@@ -180,9 +180,9 @@ class RowParallelLinear(_ParallelLinear):
     replicated, or (T_r, out) sharded; returns ``dx`` (T, in_r).
     """
 
-    def __init__(self, in_features, out_features, comm, rng=0, dtype=np.float32, sequence_parallel=False,
+    def __init__(self, comm, in_features, out_features, rng=0, dtype=np.float32, sequence_parallel=False,
                  counter=None):
-        super().__init__(in_features, out_features, comm, rng, dtype, sequence_parallel, counter, split_axis=0)
+        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=0)
 
     def forward(self, x_local):
         x_local = np.asarray(x_local, dtype=self.dtype)
@@ -227,9 +227,9 @@ class ParallelMLP(CountedCommunication, Sequential):
 
     Parameters
     ----------
+    comm : MPI.Comm
     hidden, ffn : int
         Model width and inner width; ``ffn >= p`` (split over the ranks, any remainder).
-    comm : MPI.Comm
     seed : int
     dtype : numpy dtype
     sequence_parallel : bool
@@ -241,13 +241,13 @@ class ParallelMLP(CountedCommunication, Sequential):
     reduce-scatter, the same bytes, plus one integer allgather for the token counts.
     """
 
-    def __init__(self, hidden, ffn, comm, seed=0, dtype=np.float32, sequence_parallel=False):
+    def __init__(self, comm, hidden, ffn, seed=0, dtype=np.float32, sequence_parallel=False):
         self.hidden, self.ffn, self.seed, self.dtype = hidden, ffn, seed, np.dtype(dtype)
         self.comm, self.sequence_parallel = comm, bool(sequence_parallel)
         self.counter = CommCounter(comm)
         super().__init__([
-            ColumnParallelLinear(hidden, ffn, comm, seed, dtype, sequence_parallel, self.counter), ReLU(),
-            RowParallelLinear(ffn, hidden, comm, seed + 1, dtype, sequence_parallel, self.counter)])
+            ColumnParallelLinear(comm, hidden, ffn, seed, dtype, sequence_parallel, self.counter), ReLU(),
+            RowParallelLinear(comm, ffn, hidden, seed + 1, dtype, sequence_parallel, self.counter)])
 
     @property
     def serial_slices(self):

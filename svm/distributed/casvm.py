@@ -87,7 +87,7 @@ class PartitionedSVC(ParallelSVC):
         check_positive_int("kmeans_iter", self.kmeans_iter)
         if self.routing not in ROUTINGS:
             raise InputError(f"unknown routing {self.routing!r}; choose one of {', '.join(ROUTINGS)}")
-        labels, self.centres_ = self._partition(X, signs, comm)
+        labels, self.centres_ = self._partition(comm, X, signs)
         self.routing_points_ = X
         self.partition_labels_ = labels
         self.partition_sizes_ = np.bincount(labels, minlength=comm.size)
@@ -167,8 +167,8 @@ class CPSVM(PartitionedSVC):
     one Allgatherv of the ``n`` int64 labels (see `distributed_kmeans`).
     """
 
-    def _partition(self, X, signs, comm):
-        result = distributed_kmeans(X, comm.size, comm, self.seed, self.kmeans_iter)
+    def _partition(self, comm, X, signs):
+        result = distributed_kmeans(comm, X, comm.size, self.seed, self.kmeans_iter)
         self.kmeans_n_iter_, self.kmeans_inertia_ = result.n_iter, result.inertia
         return result.labels, result.centres
 
@@ -198,7 +198,7 @@ class CASVM(PartitionedSVC):
         super().__init__(C, kernel, gamma, degree, coef0, tol, comm, seed, kmeans_iter, cache_bytes, routing)
         self.method, self.balance_classes = method, balance_classes
 
-    def _partition(self, X, signs, comm):
+    def _partition(self, comm, X, signs):
         codes = (signs > 0).astype(np.int64) if self.balance_classes else None
         labels, centres, _ = balanced_partition(X, comm.size, self.method, codes, self.seed, self.kmeans_iter)
         return labels, centres

@@ -54,18 +54,18 @@ class KernelClusters:
         return np.argmin(self.self_terms - 2.0 * kernel_product(kernel, X, self.sample, self.weights()), axis=1)
 
 
-def kernel_kmeans(S, kernel, k, comm, rng, max_iter=30):
+def kernel_kmeans(comm, S, kernel, k, rng, max_iter=30):
     """Kernel k-means of the sample ``S``, distributed over blocks of its rows.
 
     Parameters
     ----------
+    comm : CountingComm
     S : ndarray of shape (m, d)
         The sample, the same on every rank; rank ``r`` holds the kernel rows
         ``K(S[block_range(m, p, r)], S)`` (``m^2 / p`` values).
     kernel : svm.solver.gram.Kernel
     k : int
         Clusters wanted (``min(k, m)`` are used).
-    comm : CountingComm
     rng : numpy.random.Generator
         The same state on every rank: it draws the ``k`` starting points.
     max_iter : int
@@ -101,7 +101,7 @@ def kernel_kmeans(S, kernel, k, comm, rng, max_iter=30):
         labels = new
 
 
-def assign_points(X, clusters, kernel, comm):
+def assign_points(comm, X, clusters, kernel):
     """Nearest kernel cluster of every row of ``X``, each rank assigning its block of rows.
 
     Communication: one Allgatherv of the ``n`` int64 labels. Computation
@@ -181,11 +181,11 @@ class DCSVM(ParallelSVC):
         for name, value in (("n_clusters", k), ("n_levels", self.n_levels), ("sample_size", self.sample_size),
                             ("kmeans_iter", self.kmeans_iter)):
             check_positive_int(name, value)
-        self.cluster_labels_ = self._divide(X, comm, k)
+        self.cluster_labels_ = self._divide(comm, X, k)
         alpha = np.zeros(len(X))
         self.level_n_iter_ = np.zeros(self.n_levels, dtype=np.int64)
         for level in reversed(range(self.n_levels)):
-            alpha, bias, n_iter = self._conquer(X, signs, self.cluster_labels_[level], k ** (level + 1), alpha, comm)
+            alpha, bias, n_iter = self._conquer(comm, X, signs, self.cluster_labels_[level], k ** (level + 1), alpha)
             self.level_n_iter_[level] = n_iter.sum()
         support = np.flatnonzero(alpha)
         self.early_models_ = LocalModels(support, X[support], (alpha * signs)[support],
@@ -199,7 +199,7 @@ class DCSVM(ParallelSVC):
         support = np.flatnonzero(alpha)
         return self._end_fit(comm, support, X[support], (alpha * signs)[support], bias, objective, n_iter)
 
-    def _divide(self, X, comm, k):
+    def _divide(self, comm, X, k):
         """Nested kernel k-means clusters: return the labels of every level, shape ``(n_levels, n)``.
 
         Sets ``clusters_`` (the level-1 split). A cluster without sample points is
@@ -216,15 +216,15 @@ class DCSVM(ParallelSVC):
                 if len(picked) == 0:
                     continue
                 points = np.flatnonzero(labels == cluster)
-                split = kernel_kmeans(X[picked], self.kernel_, k, comm, rng, self.kmeans_iter)
-                children[points] += assign_points(X[points], split, self.kernel_, comm)
+                split = kernel_kmeans(comm, X[picked], self.kernel_, k, rng, self.kmeans_iter)
+                children[points] += assign_points(comm, X[points], split, self.kernel_)
                 if not levels:
                     self.clusters_ = split
             labels = children
             levels.append(labels)
         return np.array(levels)
 
-    def _conquer(self, X, signs, labels, n_clusters, alpha, comm):
+    def _conquer(self, comm, X, signs, labels, n_clusters, alpha):
         """Solve every cluster of one level on its owner, warm-started from ``alpha``; share the results.
 
         Returns the new alphas (n,), and each cluster's bias and SMO iterations (``n_clusters``,).

@@ -78,17 +78,17 @@ class KMeansResult:
     converged: bool  #: the last assignment changed no label
 
 
-def distributed_kmeans(X, k, comm, seed=0, max_iter=100, init=None):
+def distributed_kmeans(comm, X, k, seed=0, max_iter=100, init=None):
     """Lloyd's k-means with each rank assigning its block of points.
 
     Parameters
     ----------
+    comm : CountingComm
     X : ndarray of shape (n, d)
         The full data, the same on every rank; rank ``r`` assigns rows
         ``block_range(n, p, r)`` (``n / p`` rows).
     k : int
         Number of clusters, ``1 <= k <= n``.
-    comm : CountingComm
     seed : int
         Seed of the k-means++ start (drawn identically on every rank, no messages).
     max_iter : int

@@ -40,7 +40,7 @@ def tolerance(dtype, n):
 def test_dot_matches_numpy_on_every_rank(comm, n, dtype):
     x, y = vector(n, dtype, 1), vector(n, dtype, 2)
     timings = {}
-    result = dot(block(x, comm), block(y, comm), comm, timings=timings)
+    result = dot(comm, block(x, comm), block(y, comm), timings=timings)
     expected = np.dot(exact(x), exact(y))
     assert result.dtype == np.dot(x, y).dtype == dtype and set(timings) == {"comm", "compute"}
     assert abs(exact(np.array([result]))[0] - expected) <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
@@ -53,7 +53,7 @@ def test_dot_matches_numpy_on_every_rank(comm, n, dtype):
 def test_float16_dot_accumulates_wider_than_float16(comm, x, y):
     # On 2 or 3 ranks a rank's partial sum (120000, or 90000) exceeds float16; the total is 0.
     x, y = np.array(x, np.float16), np.array(y, np.float16)
-    result = dot(block(x, comm), block(y, comm), comm)
+    result = dot(comm, block(x, comm), block(y, comm))
     assert result.dtype == np.float16 and result == np.dot(x, y) == 0
 
 
@@ -62,7 +62,7 @@ def test_float16_dot_accumulates_wider_than_float16(comm, x, y):
                                   (np.full(3, 2**31 - 1, np.int32), np.ones(3, np.int32))],
                          ids=["int64_beyond_2**53", "int32_wraps"])
 def test_integer_dot_is_exact(comm, x, y):
-    result = dot(block(x, comm), block(y, comm), comm)
+    result = dot(comm, block(x, comm), block(y, comm))
     assert result.dtype == x.dtype and result == np.dot(x, y)
 
 
@@ -71,9 +71,9 @@ def test_dot_of_vectors_of_different_lengths_fails_on_every_rank(comm):
     n = 5
     # Length n + p gives every rank a block one entry longer than length n does.
     with pytest.raises(InputError, match="differ"):
-        dot(block(vector(n, np.float64, 1), comm), block(vector(n + comm.size, np.float64, 2), comm), comm)
+        dot(comm, block(vector(n, np.float64, 1), comm), block(vector(n + comm.size, np.float64, 2), comm))
     with pytest.raises(InputError, match="differ"):
-        dot(block(vector(n, np.float64, 1), comm), block(vector(n, np.float32, 2), comm), comm)
+        dot(comm, block(vector(n, np.float64, 1), comm), block(vector(n, np.float32, 2), comm))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -81,7 +81,7 @@ def test_dot_of_vectors_of_different_lengths_fails_on_every_rank(comm):
 @pytest.mark.parametrize("n", LENGTHS)
 def test_nrm2_matches_numpy(comm, n, dtype):
     x = vector(n, dtype, 3)
-    result = nrm2(block(x, comm), comm, timings={})
+    result = nrm2(comm, block(x, comm), timings={})
     expected = np.linalg.norm(exact(x).astype(np.complex128))
     assert result.dtype == np.linalg.norm(x).dtype
     assert abs(float(result) - expected) <= tolerance(result.dtype, n) * (1 + expected)
@@ -92,7 +92,7 @@ def test_nrm2_matches_numpy(comm, n, dtype):
 def test_float16_nrm2_sums_squares_wider_than_float16(comm):
     # 70000 ones per rank: every rank's float16 sum of squares would overflow; the norm fits.
     n = 70000 * comm.size
-    result = nrm2(block(np.ones(n, np.float16), comm), comm)
+    result = nrm2(comm, block(np.ones(n, np.float16), comm))
     assert result.dtype == np.float16 and result == np.float16(np.sqrt(n))
 
 
@@ -101,14 +101,14 @@ def test_float16_nrm2_sums_squares_wider_than_float16(comm):
 def test_nrm2_of_integers_is_the_float64_norm(comm, dtype):
     for values in ([3, 4, 1], [np.iinfo(dtype).min, 0, 0]):
         x = np.array(values, dtype)
-        result = nrm2(block(x, comm), comm)
+        result = nrm2(comm, block(x, comm))
         assert result.dtype == np.float64 and result == np.linalg.norm(x.astype(np.float64))
 
 
 @pytest.mark.mpi(min_size=1)
 def test_nrm2_of_complex_is_real(comm):
     x = np.array([3 + 4j, 0, 12j], np.complex64)
-    result = nrm2(block(x, comm), comm)
+    result = nrm2(comm, block(x, comm))
     assert result.dtype == np.float32 and result == 13.0
 
 
@@ -121,7 +121,7 @@ def test_nrm2_neither_overflows_nor_underflows(comm, dtype, magnitude):
     x = (magnitude * np.linspace(1.0, 2.0, n)).astype(dtype)
     largest = np.abs(x.astype(np.float64)).max()
     expected = largest * np.sqrt(np.sum((x.astype(np.float64) / largest) ** 2))
-    result = nrm2(block(x, comm), comm)
+    result = nrm2(comm, block(x, comm))
     if expected > np.finfo(dtype).max:
         assert result == np.inf    # the norm itself is beyond the type: correctly rounded to inf
     else:
@@ -131,11 +131,11 @@ def test_nrm2_neither_overflows_nor_underflows(comm, dtype, magnitude):
 
 @pytest.mark.mpi(min_size=1)
 def test_nrm2_of_zeros_inf_and_nan(comm):
-    assert nrm2(block(np.zeros(6), comm), comm) == 0.0
+    assert nrm2(comm, block(np.zeros(6), comm)) == 0.0
     with_inf, with_nan = np.ones(6), np.ones(6)
     with_inf[0], with_nan[0] = np.inf, np.nan
-    assert nrm2(block(with_inf, comm), comm) == np.inf
-    assert np.isnan(nrm2(block(with_nan, comm), comm))
+    assert nrm2(comm, block(with_inf, comm)) == np.inf
+    assert np.isnan(nrm2(comm, block(with_nan, comm)))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -181,6 +181,6 @@ def test_axpy_of_blocks_of_different_lengths_or_dtypes_is_an_input_error():
 @pytest.mark.parametrize("dtype", REFUSED, ids=str)
 def test_unsupported_dtypes_are_refused_on_every_rank(comm, dtype):
     x = np.ones(3, dtype)
-    for call in (lambda: dot(x, x, comm), lambda: nrm2(x, comm), lambda: axpy(1, x, x.copy())):
+    for call in (lambda: dot(comm, x, x), lambda: nrm2(comm, x), lambda: axpy(1, x, x.copy())):
         with pytest.raises(TypeError, match="not supported"):
             call()

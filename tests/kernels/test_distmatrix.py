@@ -47,7 +47,7 @@ def test_require_vector_checks_length_and_dtype():
 def test_from_global_then_gather_gives_the_matrix_back(comm, layout_name, shape):
     layout = make_layout(comm, layout_name)
     global_matrix = matrix(shape)
-    distributed = DistMatrix.from_global(global_matrix, comm, layout)
+    distributed = DistMatrix.from_global(comm, global_matrix, layout)
     rows, cols = distributed.row_range, distributed.col_range
     assert np.array_equal(distributed.local, global_matrix[rows[0]:rows[1], cols[0]:cols[1]])
     gathered = distributed.gather(root=comm.size - 1)
@@ -64,8 +64,8 @@ def test_from_global_then_gather_gives_the_matrix_back(comm, layout_name, shape)
 def test_scatter_gives_every_rank_the_block_from_global_gives(comm, layout_name, dtype):
     layout = make_layout(comm, layout_name)
     global_matrix = matrix((7, 5), dtype)
-    scattered = DistMatrix.scatter(global_matrix if comm.rank == 0 else None, comm, layout)
-    reference = DistMatrix.from_global(global_matrix, comm, layout)
+    scattered = DistMatrix.scatter(comm, global_matrix if comm.rank == 0 else None, layout)
+    reference = DistMatrix.from_global(comm, global_matrix, layout)
     assert comm.allreduce(int(not np.array_equal(scattered.local, reference.local)), op=MPI.SUM) == 0
     assert scattered.dtype == dtype and scattered.shape == (7, 5)
     if scattered.grid is not None:
@@ -76,7 +76,7 @@ def test_scatter_gives_every_rank_the_block_from_global_gives(comm, layout_name,
 @pytest.mark.parametrize("shape", [(7, 5), (2, 3)])
 def test_grid_blocks_follow_block_range_of_the_grid_coordinates(comm, shape):
     grid = ProcessGrid(comm)
-    distributed = DistMatrix.zeros(shape, comm, grid, np.float32)
+    distributed = DistMatrix.zeros(comm, shape, grid, np.float32)
     assert distributed.row_range == block_range(shape[0], grid.dims[0], grid.coords[0])
     assert distributed.col_range == block_range(shape[1], grid.dims[1], grid.coords[1])
     assert distributed.local.dtype == np.float32 and not distributed.local.any()
@@ -86,7 +86,7 @@ def test_grid_blocks_follow_block_range_of_the_grid_coordinates(comm, shape):
 @pytest.mark.mpi(min_size=1)
 def test_from_global_copies_the_block(comm):
     global_matrix = matrix((4, 3))
-    distributed = DistMatrix.from_global(global_matrix, comm, "rows")
+    distributed = DistMatrix.from_global(comm, global_matrix, "rows")
     distributed.local[...] = 99.0
     assert not (global_matrix == 99.0).any()
 
@@ -95,7 +95,7 @@ def test_from_global_copies_the_block(comm):
 def test_a_replicated_layout_gives_every_layer_the_whole_matrix(comm):
     grid = ProcessGrid(comm, (1, 1, comm.size))
     global_matrix = matrix((3, 4))
-    distributed = DistMatrix.scatter(global_matrix if comm.rank == 0 else None, comm, grid)
+    distributed = DistMatrix.scatter(comm, global_matrix if comm.rank == 0 else None, grid)
     assert comm.allreduce(int(not np.array_equal(distributed.local, global_matrix)), op=MPI.SUM) == 0
     assert distributed.primary == (comm.rank == 0)
     grid.free()
@@ -104,15 +104,15 @@ def test_a_replicated_layout_gives_every_layer_the_whole_matrix(comm):
 @pytest.mark.mpi(min_size=1)
 def test_bad_layouts_and_blocks_are_input_errors(comm):
     with pytest.raises(InputError, match="unknown layout"):
-        DistMatrix.zeros((3, 3), comm, "diagonal")
+        DistMatrix.zeros(comm, (3, 3), "diagonal")
     with pytest.raises(InputError, match="does not match"):
-        DistMatrix(np.zeros((9, 9)), (3, 3), comm, "rows")
+        DistMatrix(comm, np.zeros((9, 9)), (3, 3), "rows")
     with pytest.raises(InputError, match="2D shape"):
-        DistMatrix.zeros((3, -1), comm, "rows")
+        DistMatrix.zeros(comm, (3, -1), "rows")
     with pytest.raises(InputError, match="2D array"):
-        DistMatrix.from_global(np.zeros(3), comm, "rows")
+        DistMatrix.from_global(comm, np.zeros(3), "rows")
     with pytest.raises(InputError, match="2D array on the root"):
-        DistMatrix.scatter(np.zeros(3) if comm.rank == 0 else None, comm, "rows")
+        DistMatrix.scatter(comm, np.zeros(3) if comm.rank == 0 else None, "rows")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -120,18 +120,18 @@ def test_a_grid_built_on_another_communicator_is_an_input_error(comm):
     half = comm.Split(comm.rank % 2, comm.rank)
     grid = ProcessGrid(half)
     with pytest.raises(InputError, match="not built on this communicator"):
-        DistMatrix.zeros((3, 3), comm, grid)
+        DistMatrix.zeros(comm, (3, 3), grid)
     grid.free()
     half.Free()
 
 
 @pytest.mark.mpi(min_size=1)
 def test_operands_must_share_layout_and_dtype(comm):
-    rows = DistMatrix.zeros((3, 3), comm, "rows")
+    rows = DistMatrix.zeros(comm, (3, 3), "rows")
     with pytest.raises(InputError, match="one layout"):
-        require_same_layout(rows, DistMatrix.zeros((3, 3), comm, "cols"), "t")
+        require_same_layout(rows, DistMatrix.zeros(comm, (3, 3), "cols"), "t")
     with pytest.raises(InputError, match="dtypes differ"):
-        require_same_layout(rows, DistMatrix.zeros((3, 3), comm, "rows", np.float32), "t")
+        require_same_layout(rows, DistMatrix.zeros(comm, (3, 3), "rows", np.float32), "t")
     with pytest.raises(InputError, match="DistMatrix operands"):
         require_same_layout(rows, np.zeros((3, 3)), "t")
-    require_same_layout(rows, DistMatrix.zeros((3, 4), comm, "rows"), "t")
+    require_same_layout(rows, DistMatrix.zeros(comm, (3, 4), "rows"), "t")

@@ -33,7 +33,7 @@ def assert_product(comm, a, b, layout, multiply):
     Integers must match exactly; floating types within the rounding of a sum of ``k``
     products, against ``a @ b`` computed in the widest type of their kind.
     """
-    A, B = DistMatrix.from_global(a, comm, layout), DistMatrix.from_global(b, comm, layout)
+    A, B = DistMatrix.from_global(comm, a, layout), DistMatrix.from_global(comm, b, layout)
     timings = {}
     C = multiply(A, B, timings)
     if a.dtype.kind == "i":
@@ -136,7 +136,7 @@ def test_integer_summa_of_the_issue(comm):
     # Issue 15: SUMMA returned zeros for integer matrices (BLAS updated a float copy of C).
     grid = ProcessGrid(comm)
     a, b = np.arange(6).reshape(2, 3), np.ones((3, 2), int)
-    C = gemm_summa(DistMatrix.from_global(a, comm, grid), DistMatrix.from_global(b, comm, grid))
+    C = gemm_summa(DistMatrix.from_global(comm, a, grid), DistMatrix.from_global(comm, b, grid))
     assert C.dtype == a.dtype and comm.allreduce(int(not np.array_equal(
         C.local, np.array([[3, 3], [12, 12]])[C.row_slice, C.col_slice]))) == 0
     grid.free()
@@ -148,7 +148,7 @@ def test_float16_partial_sums_beyond_65504_cancel_in_every_variant(comm):
     a = np.array([[6e4, 6e4, -6e4, -6e4], [6e4, -6e4, 6e4, -6e4], [6e4, 6e4, -6e4, -6e4]], np.float16)
     b = np.ones((4, 3), np.float16)
     for name, layout, multiply in multiply_by_every_variant(comm):
-        A, B = DistMatrix.from_global(a, comm, layout), DistMatrix.from_global(b, comm, layout)
+        A, B = DistMatrix.from_global(comm, a, layout), DistMatrix.from_global(comm, b, layout)
         C = multiply(A, B, None)
         wrong = C.dtype != np.float16 or not np.array_equal(C.local, (a @ b)[C.row_slice, C.col_slice])
         assert comm.allreduce(int(wrong)) == 0, name
@@ -160,8 +160,8 @@ def test_float16_partial_sums_beyond_65504_cancel_in_every_variant(comm):
 @pytest.mark.parametrize("dtype", REFUSED, ids=str)
 def test_unsupported_dtypes_are_refused_by_every_variant(comm, dtype):
     for name, layout, multiply in multiply_by_every_variant(comm):
-        A = DistMatrix.zeros((3, 4), comm, layout, dtype)
-        B = DistMatrix.zeros((4, 2), comm, layout, dtype)
+        A = DistMatrix.zeros(comm, (3, 4), layout, dtype)
+        B = DistMatrix.zeros(comm, (4, 2), layout, dtype)
         with pytest.raises(TypeError, match="not supported"):
             multiply(A, B, None)
         if isinstance(layout, ProcessGrid):
@@ -171,16 +171,16 @@ def test_unsupported_dtypes_are_refused_by_every_variant(comm, dtype):
 @pytest.mark.mpi(min_size=1)
 def test_mismatched_operands_are_input_errors(comm, grid):
     a, b = operands((4, 3, 2), np.float64)
-    A, B = DistMatrix.from_global(a, comm, grid), DistMatrix.from_global(b, comm, grid)
+    A, B = DistMatrix.from_global(comm, a, grid), DistMatrix.from_global(comm, b, grid)
     with pytest.raises(InputError, match="is 4x3 but B is 4x3"):
         gemm_summa(A, A)
     with pytest.raises(InputError, match="dtypes differ"):
-        gemm_summa(A, DistMatrix.from_global(b.astype(np.float32), comm, grid))
+        gemm_summa(A, DistMatrix.from_global(comm, b.astype(np.float32), grid))
     with pytest.raises(InputError, match="panel"):
         gemm_summa(A, B, panel=0)
     with pytest.raises(InputError, match="one layout"):
-        gemm_summa(A, DistMatrix.from_global(b, comm, "rows"))
-    rows_a, rows_b = DistMatrix.from_global(a, comm, "rows"), DistMatrix.from_global(b, comm, "rows")
+        gemm_summa(A, DistMatrix.from_global(comm, b, "rows"))
+    rows_a, rows_b = DistMatrix.from_global(comm, a, "rows"), DistMatrix.from_global(comm, b, "rows")
     with pytest.raises(InputError, match="unknown variant"):
         gemm_1d(rows_a, rows_b, "broadcast")
     with pytest.raises(InputError, match="2D ProcessGrid"):

@@ -53,7 +53,7 @@ def expected_product(a, x):
 def test_gemv_matches_numpy(comm, layout_name, shape, dtype):
     layout = layout_of(comm, layout_name)
     a, x = problem(shape, dtype)
-    A = DistMatrix.from_global(a, comm, layout)
+    A = DistMatrix.from_global(comm, a, layout)
     x_range, y_range = vector_ranges(A)
     timings = {}
     y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
@@ -73,7 +73,7 @@ def test_float16_partial_sums_beyond_65504_cancel(comm, layout_name):
     layout = layout_of(comm, layout_name)
     a = np.array([[6e4, 6e4, -6e4, -6e4], [6e4, -6e4, 6e4, -6e4]], np.float16)
     x = np.ones(4, np.float16)
-    A = DistMatrix.from_global(a, comm, layout)
+    A = DistMatrix.from_global(comm, a, layout)
     x_range, y_range = vector_ranges(A)
     y = ROUTINES[layout_name](A, x[slice(*x_range)])
     assert y.dtype == np.float16
@@ -85,7 +85,7 @@ def test_float16_partial_sums_beyond_65504_cancel(comm, layout_name):
 @pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint64, np.longdouble], ids=str)
 def test_unsupported_dtypes_are_refused_on_every_rank(comm, layout_name, dtype):
     layout = layout_of(comm, layout_name)
-    A = DistMatrix.zeros((4, 5), comm, layout, dtype)
+    A = DistMatrix.zeros(comm, (4, 5), layout, dtype)
     x_range, _ = vector_ranges(A)
     with pytest.raises(TypeError, match="not supported"):
         ROUTINES[layout_name](A, np.zeros(x_range[1] - x_range[0], dtype))
@@ -96,7 +96,7 @@ def test_unsupported_dtypes_are_refused_on_every_rank(comm, layout_name, dtype):
 @pytest.mark.parametrize("shape", [(7, 5), (2, 3)])
 def test_vector_ranges_split_x_and_y_over_all_ranks(comm, layout_name, shape):
     layout = layout_of(comm, layout_name)
-    A = DistMatrix.zeros(shape, comm, layout)
+    A = DistMatrix.zeros(comm, shape, layout)
     for length, ranges in zip(shape[::-1], zip(*comm.allgather(vector_ranges(A)))):
         covered = sorted(index for start, stop in ranges for index in range(start, stop))
         assert covered == list(range(length))
@@ -106,7 +106,7 @@ def test_vector_ranges_split_x_and_y_over_all_ranks(comm, layout_name, shape):
 @pytest.mark.mpi(min_size=1)
 def test_x_of_the_wrong_length_is_an_input_error(comm, layout_name):
     layout = layout_of(comm, layout_name)
-    A = DistMatrix.zeros((4, 5), comm, layout)
+    A = DistMatrix.zeros(comm, (4, 5), layout)
     x_range, _ = vector_ranges(A)
     too_long = np.zeros(x_range[1] - x_range[0] + 1)
     with pytest.raises(InputError, match="length"):
@@ -119,8 +119,8 @@ def test_x_of_the_wrong_length_is_an_input_error(comm, layout_name):
 @pytest.mark.mpi(min_size=1)
 def test_a_matrix_in_another_layout_is_an_input_error(comm):
     grid = ProcessGrid(comm)
-    on_grid = DistMatrix.zeros((4, 5), comm, grid)
-    in_rows = DistMatrix.zeros((4, 5), comm, "rows")
+    on_grid = DistMatrix.zeros(comm, (4, 5), grid)
+    in_rows = DistMatrix.zeros(comm, (4, 5), "rows")
     with pytest.raises(InputError, match="'rows' layout"):
         gemv_rows(on_grid, np.zeros(1))
     with pytest.raises(InputError, match="'cols' layout"):

@@ -49,12 +49,12 @@ def train_both(comm, model_name, dtype=np.float64, **options):
     build, input_shape = MODELS[model_name]
     serial = build(0, dtype)
     serial_optimizer = SGD(serial.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
-    trainer = DataParallelTrainer(build(0, dtype), comm, **options)
+    trainer = DataParallelTrainer(comm, build(0, dtype), **options)
     optimizer = SGD(trainer.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     losses = []
     for x, y in batches(input_shape, dtype):
         serial_loss = train_step(serial, softmax_cross_entropy, serial_optimizer, x, y)
-        mine = shard(len(x), comm)
+        mine = shard(comm, len(x))
         share = trainer.train_step(optimizer, x[mine], y[mine], batch_size=len(x))
         losses.append((serial_loss, comm.allreduce(share)))
     expected = np.concatenate([param.ravel() for param, _ in serial.parameters()])
@@ -82,7 +82,7 @@ def test_bfloat16_rounds_to_nearest_even_in_the_upper_half():
 
 
 def test_shard_follows_block_range():
-    assert [shard(7, MPI.COMM_SELF)] == [slice(0, 7)]
+    assert [shard(MPI.COMM_SELF, 7)] == [slice(0, 7)]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -94,11 +94,11 @@ def test_shard_follows_block_range():
 ])
 def test_bad_settings_are_input_errors(options, message):
     with pytest.raises(InputError, match=message):
-        DataParallelTrainer(tiny_mlp(0), MPI.COMM_SELF, **options)
+        DataParallelTrainer(MPI.COMM_SELF, tiny_mlp(0), **options)
 
 
 def test_samples_and_labels_must_match():
-    trainer = DataParallelTrainer(tiny_mlp(0), MPI.COMM_SELF)
+    trainer = DataParallelTrainer(MPI.COMM_SELF, tiny_mlp(0))
     with pytest.raises(InputError, match="3 samples but 2 labels"):
         trainer.compute_gradients(np.zeros((3, 6)), np.zeros(2, dtype=int))
 
@@ -149,14 +149,14 @@ def test_reduced_precision_is_close_to_serial_and_exchanged_in_16_bits(comm, pre
 def test_trains_on_digits_to_a_good_test_accuracy(comm, precision):
     images, labels = load_digits(flat=True)
     train_x, test_x, train_y, test_y = train_test_split(images, labels, test_fraction=0.25, seed=0)
-    trainer = DataParallelTrainer(mlp([64, 32, 10], seed=0), comm, allreduce="mpi", overlap=True,
+    trainer = DataParallelTrainer(comm, mlp([64, 32, 10], seed=0), allreduce="mpi", overlap=True,
                                   bucket_bytes=2048, precision=precision)
     optimizer = SGD(trainer.parameters(), lr=0.1, momentum=0.9)
     before = accuracy(trainer.model, test_x, test_y)
     batch = 61
     for step in range(60):
         rows = (step * batch + np.arange(batch)) % len(train_x)
-        mine = rows[shard(batch, comm)]
+        mine = rows[shard(comm, batch)]
         trainer.train_step(optimizer, train_x[mine], train_y[mine], batch_size=batch)
     after = accuracy(trainer.model, test_x, test_y)
     assert comm.allreduce(trainer.replica_mismatches()) == 0
@@ -165,11 +165,11 @@ def test_trains_on_digits_to_a_good_test_accuracy(comm, precision):
 
 @pytest.mark.mpi(min_size=1)
 def test_rank_without_samples_and_global_batch_size_found_by_allreduce(comm):
-    trainer = DataParallelTrainer(tiny_mlp(0), comm, allreduce="recursive_doubling", micro_batches=2)
+    trainer = DataParallelTrainer(comm, tiny_mlp(0), allreduce="recursive_doubling", micro_batches=2)
     serial = tiny_mlp(0)
     x, y = batches((6,))[0]
     x, y = x[:1], y[:1]  # one sample: only rank 0 has data
-    trainer.compute_gradients(x[shard(1, comm)], y[shard(1, comm)])
+    trainer.compute_gradients(x[shard(comm, 1)], y[shard(comm, 1)])
     _, dlogits = softmax_cross_entropy(serial.forward(x), y)
     serial.backward(dlogits)
     expected = np.concatenate([grad.ravel() for _, grad in serial.parameters()])

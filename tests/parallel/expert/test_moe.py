@@ -90,7 +90,7 @@ def close(actual, expected):
 def test_parallel_equals_serial_with_the_same_shards(comm, top_k, capacity_factor):
     p, hidden = comm.size, 5
     tokens = 5 * p + 2
-    layer = ParallelMoE(hidden, 6, 2 * p, comm, top_k, capacity_factor, seed=9, dtype=np.float64,
+    layer = ParallelMoE(comm, hidden, 6, 2 * p, top_k, capacity_factor, seed=9, dtype=np.float64,
                         aux_loss_weight=0.3)
     serial = layer.serial_reference()
     for name, param in serial.params.items():  # biases start at zero: make every parameter count
@@ -114,7 +114,7 @@ def test_parallel_equals_serial_with_the_same_shards(comm, top_k, capacity_facto
 def test_bytes_sent_count_rows_to_other_ranks_and_the_allreduces(comm):
     p, hidden, experts, rank = comm.size, 4, 2 * comm.size, comm.rank
     tokens = 3 * p + 1
-    layer = ParallelMoE(hidden, 3, experts, comm, top_k=2, capacity_factor=1.0, seed=1, dtype=np.float64)
+    layer = ParallelMoE(comm, hidden, 3, experts, top_k=2, capacity_factor=1.0, seed=1, dtype=np.float64)
     serial = layer.serial_reference()
     x = draw((tokens, hidden), 6)
     serial.forward(x, block_counts(tokens, p))
@@ -131,4 +131,4 @@ def test_bytes_sent_count_rows_to_other_ranks_and_the_allreduces(comm):
 @pytest.mark.mpi(min_size=2)
 def test_experts_not_divisible_by_the_ranks_is_an_input_error(comm):
     with pytest.raises(InputError, match="spread evenly"):
-        ParallelMoE(4, 4, comm.size + 1, comm)
+        ParallelMoE(comm, 4, 4, comm.size + 1)

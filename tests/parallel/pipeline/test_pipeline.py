@@ -104,7 +104,7 @@ def all_ranks(comm, verdict):
 def build_pipeline(comm, micro_batches, name, balance="layers"):
     layers = mlp(SIZES, seed=1, dtype=np.float64).layers
     start, stop = partition(layers, comm.size, balance)[comm.rank]
-    return Pipeline(layers[start:stop], comm, (SIZES[0],), micro_batches, name, np.float64), (start, stop)
+    return Pipeline(comm, layers[start:stop], (SIZES[0],), micro_batches, name, np.float64), (start, stop)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -141,7 +141,7 @@ def test_stages_that_pass_views_of_received_buffers_on_train_like_the_serial_mod
     # Flatten sends (and returns as gradient) views of the buffers it received: those
     # buffers stay out of the receive pool, and the others are reused over three steps.
     layers = view_stages(comm.size)
-    pipeline = Pipeline(layers[comm.rank:comm.rank + 1], comm, (WIDE,), 4, name, np.float64)
+    pipeline = Pipeline(comm, layers[comm.rank:comm.rank + 1], (WIDE,), 4, name, np.float64)
     serial = Sequential(view_stages(comm.size))
     rng = np.random.default_rng(5)
     for _ in range(3):
@@ -186,6 +186,6 @@ def test_bad_micro_batch_counts_and_empty_stages_are_input_errors(comm):
         pipeline.compute_gradients(x, y[:11])
     layers = mlp(SIZES, seed=1, dtype=np.float64).layers
     with pytest.raises(InputError, match=f"stage {comm.size - 1} of {comm.size} has no layer"):
-        Pipeline([] if comm.rank == comm.size - 1 else layers[:1], comm, (SIZES[0],), 2)
+        Pipeline(comm, [] if comm.rank == comm.size - 1 else layers[:1], (SIZES[0],), 2)
     with pytest.raises(InputError, match="micro_batches must be an integer >= 1"):
-        Pipeline(layers, comm, (SIZES[0],), 0)
+        Pipeline(comm, layers, (SIZES[0],), 0)

@@ -37,11 +37,11 @@ def random_biases(block, serial):
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 @pytest.mark.parametrize("hidden, ffn, tokens", [(6, 12, 8), (5, 7, 11), (3, 4, 2)])
 def test_mlp_equals_the_serial_block(comm, sequence_parallel, hidden, ffn, tokens):
-    block = ParallelMLP(hidden, ffn, comm, seed=3, dtype=np.float64, sequence_parallel=sequence_parallel)
+    block = ParallelMLP(comm, hidden, ffn, seed=3, dtype=np.float64, sequence_parallel=sequence_parallel)
     serial = block.serial_reference()
     random_biases(block, serial)
     x, dy = draw((tokens, hidden), 1), draw((tokens, hidden), 2)
-    mine = token_shard(tokens, comm) if sequence_parallel else slice(None)
+    mine = token_shard(comm, tokens) if sequence_parallel else slice(None)
     y = block.forward(x[mine])
     dx = block.backward(dy[mine])
     expected_y, expected_dx = serial.forward(x), serial.backward(dy)
@@ -59,11 +59,11 @@ def test_mlp_equals_the_serial_block(comm, sequence_parallel, hidden, ffn, token
 def test_column_and_row_layers_alone(comm, sequence_parallel):
     tokens, n_in, n_out = 7, 5, 9
     serial = Linear(n_in, n_out, rng=11, dtype=np.float64)
-    column = ColumnParallelLinear(n_in, n_out, comm, rng=11, dtype=np.float64, sequence_parallel=sequence_parallel)
-    row = RowParallelLinear(n_out, n_in, comm, rng=11, dtype=np.float64, sequence_parallel=sequence_parallel)
+    column = ColumnParallelLinear(comm, n_in, n_out, rng=11, dtype=np.float64, sequence_parallel=sequence_parallel)
+    row = RowParallelLinear(comm, n_out, n_in, rng=11, dtype=np.float64, sequence_parallel=sequence_parallel)
     row_serial = Linear(n_out, n_in, rng=11, dtype=np.float64)
     x, dy = draw((tokens, n_in), 4), draw((tokens, n_out), 5)
-    mine = token_shard(tokens, comm) if sequence_parallel else slice(None)
+    mine = token_shard(comm, tokens) if sequence_parallel else slice(None)
     cols = slice(*block_range(n_out, comm.size, comm.rank))
     y_cols = column.forward(x[mine])
     dx = column.backward(dy[:, cols])
@@ -85,8 +85,8 @@ def test_column_and_row_layers_alone(comm, sequence_parallel):
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_bytes_sent_count_one_exchange_of_the_activations_per_pass(comm, sequence_parallel):
     tokens, hidden, p = 9, 4, comm.size
-    block = ParallelMLP(hidden, 2 * p + 1, comm, dtype=np.float64, sequence_parallel=sequence_parallel)
-    mine = token_shard(tokens, comm) if sequence_parallel else slice(None)
+    block = ParallelMLP(comm, hidden, 2 * p + 1, dtype=np.float64, sequence_parallel=sequence_parallel)
+    mine = token_shard(comm, tokens) if sequence_parallel else slice(None)
     block.forward(draw((tokens, hidden), 7)[mine])
     after_forward = block.bytes_sent
     block.backward(draw((tokens, hidden), 8)[mine])
@@ -99,14 +99,14 @@ def test_bytes_sent_count_one_exchange_of_the_activations_per_pass(comm, sequenc
 @pytest.mark.mpi(min_size=1)
 def test_a_split_with_a_rank_left_empty_is_an_input_error(comm):
     with pytest.raises(InputError, match="cannot split"):
-        ParallelMLP(4, comm.size - 1, comm)
+        ParallelMLP(comm, 4, comm.size - 1)
     with pytest.raises(InputError, match="cannot split"):
-        RowParallelLinear(comm.size - 1, 3, comm)
+        RowParallelLinear(comm, comm.size - 1, 3)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_sequence_parallel_needs_the_block_range_token_layout(comm):
-    block = ParallelMLP(3, 2 * comm.size, comm, dtype=np.float64, sequence_parallel=True)
+    block = ParallelMLP(comm, 3, 2 * comm.size, dtype=np.float64, sequence_parallel=True)
     local_tokens = 0 if comm.rank == 0 else 1  # block_range would give the first ranks the tokens
     with pytest.raises(InputError, match="block_range layout"):
         block.forward(np.ones((local_tokens, 3)))

@@ -55,8 +55,8 @@ def test_distributed_kernel_kmeans_matches_serial_and_assigns_by_kernel_distance
     X, _, _ = clustered(n=130, seed=6)
     sample = X[:97]
     kernel = make_kernel("rbf", X, gamma=0.02)
-    ours = kernel_kmeans(sample, kernel, 3, CountingComm(comm), np.random.default_rng(7))
-    serial = kernel_kmeans(sample, kernel, 3, CountingComm(MPI.COMM_SELF), np.random.default_rng(7))
+    ours = kernel_kmeans(CountingComm(comm), sample, kernel, 3, np.random.default_rng(7))
+    serial = kernel_kmeans(CountingComm(MPI.COMM_SELF), sample, kernel, 3, np.random.default_rng(7))
     np.testing.assert_array_equal(ours.labels, serial.labels)
     np.testing.assert_allclose(ours.self_terms, serial.self_terms, rtol=1e-12)
     np.testing.assert_array_equal(ours.nearest(kernel, sample), ours.labels)  # converged: a fixed point
@@ -64,7 +64,7 @@ def test_distributed_kernel_kmeans_matches_serial_and_assigns_by_kernel_distance
     K, KS = kernel.block(X, sample), kernel.block(sample, sample)
     distances = np.stack([1.0 - 2.0 * K[:, ours.labels == c].mean(axis=1)
                           + KS[np.ix_(ours.labels == c, ours.labels == c)].mean() for c in range(3)], axis=1)
-    assigned = assign_points(X, ours, kernel, CountingComm(comm))
+    assigned = assign_points(CountingComm(comm), X, ours, kernel)
     np.testing.assert_array_equal(assigned, np.argmin(distances, axis=1))
     assert same_everywhere(comm, assigned)
 
@@ -73,7 +73,7 @@ def test_distributed_kernel_kmeans_matches_serial_and_assigns_by_kernel_distance
 def test_linear_kernel_kmeans_is_kmeans(comm):
     X, _, blob = clustered(n=101, n_blobs=3, seed=8)
     kernel = make_kernel("linear", X)
-    clusters = kernel_kmeans(X, kernel, 3, CountingComm(comm), np.random.default_rng(0))
+    clusters = kernel_kmeans(CountingComm(comm), X, kernel, 3, np.random.default_rng(0))
     assert len(np.unique(np.stack([clusters.labels, blob]), axis=1).T) == 3  # the blobs, renamed
     means = np.stack([X[clusters.labels == c].mean(axis=0) for c in range(3)])
     queries = np.random.default_rng(1).normal(0.0, 10.0, (57, 2))
@@ -139,8 +139,8 @@ def test_kernel_kmeans_of_fewer_points_than_ranks_gives_the_serial_clusters(comm
     # Blocks of the sample are empty on some ranks: their partial sums must still be float64.
     S = datasets.make_moons(m + 10, noise=0.2, random_state=5)[0][:m]
     kernel = make_kernel("rbf", S, gamma=1.0)
-    ours = kernel_kmeans(S, kernel, 2, CountingComm(comm), np.random.default_rng(3))
-    serial = kernel_kmeans(S, kernel, 2, CountingComm(MPI.COMM_SELF), np.random.default_rng(3))
+    ours = kernel_kmeans(CountingComm(comm), S, kernel, 2, np.random.default_rng(3))
+    serial = kernel_kmeans(CountingComm(MPI.COMM_SELF), S, kernel, 2, np.random.default_rng(3))
     np.testing.assert_array_equal(ours.labels, serial.labels)
     np.testing.assert_allclose(ours.self_terms, serial.self_terms, rtol=1e-12)
     assert ours.self_terms.dtype == np.float64 and same_everywhere(comm, ours.self_terms)

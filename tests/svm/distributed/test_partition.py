@@ -88,7 +88,7 @@ def test_distributed_lloyd_matches_sklearn_from_the_same_start(comm):
     X, _ = blobs([90, 80, 71, 60], d=5, spread=2.0, seed=4)  # overlapping: several iterations
     init = X[[0, 100, 200, 300]]
     counting = CountingComm(comm)
-    ours = distributed_kmeans(X, 4, counting, init=init)
+    ours = distributed_kmeans(counting, X, 4, init=init)
     reference = cluster.KMeans(4, init=init, n_init=1, algorithm="lloyd", tol=0.0, max_iter=300).fit(X)
     assert ours.converged and ours.n_iter >= 2
     np.testing.assert_array_equal(ours.labels, reference.labels_)
@@ -102,7 +102,7 @@ def test_distributed_lloyd_matches_sklearn_from_the_same_start(comm):
 @pytest.mark.mpi(min_size=1)
 def test_kmeans_plus_plus_start_reaches_sklearn_inertia(comm):
     X, _ = blobs([70, 50, 41, 30, 10], d=4, spread=6.0, seed=5)
-    ours = distributed_kmeans(X, 5, CountingComm(comm), seed=1)
+    ours = distributed_kmeans(CountingComm(comm), X, 5, seed=1)
     best = cluster.KMeans(5, n_init=10, random_state=0).fit(X).inertia_
     assert ours.inertia <= 1.001 * best
     assert gathered_equal(comm, ours.labels) and gathered_equal(comm, ours.centres)
@@ -112,8 +112,8 @@ def test_kmeans_plus_plus_start_reaches_sklearn_inertia(comm):
 @pytest.mark.parametrize("n, k", [(1, 1), (3, 2), (5, 3)])
 def test_distributed_lloyd_with_empty_blocks_matches_one_rank(comm, n, k):
     X = np.random.default_rng(n).normal(size=(n, 2))  # fewer points than ranks: some blocks are empty
-    ours = distributed_kmeans(X, k, CountingComm(comm), seed=2)
-    alone = distributed_kmeans(X, k, CountingComm(MPI.COMM_SELF), seed=2)
+    ours = distributed_kmeans(CountingComm(comm), X, k, seed=2)
+    alone = distributed_kmeans(CountingComm(MPI.COMM_SELF), X, k, seed=2)
     np.testing.assert_array_equal(ours.labels, alone.labels)
     np.testing.assert_allclose(ours.centres, alone.centres, rtol=1e-12)
     assert ours.inertia == pytest.approx(alone.inertia, rel=1e-12, abs=1e-15)
