@@ -130,7 +130,7 @@ class DistMatrix:
         """A zero matrix; every rank of ``comm`` allocates only its block."""
         _check_layout(comm, layout)
         rows, cols, _ = _block_of(comm, _check_shape(shape), layout, comm.rank)
-        return cls(np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype), shape, comm, layout)
+        return cls(comm, np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype), shape, layout)
 
     @classmethod
     def from_global(cls, comm, matrix, layout="rows"):
@@ -140,7 +140,7 @@ class DistMatrix:
             raise InputError(f"need a 2D array, got {matrix.ndim} dimensions")
         _check_layout(comm, layout)
         rows, cols, _ = _block_of(comm, matrix.shape, layout, comm.rank)
-        return cls(np.array(matrix[slice(*rows), slice(*cols)], order="C"), matrix.shape, comm, layout)
+        return cls(comm, np.array(matrix[slice(*rows), slice(*cols)], order="C"), matrix.shape, layout)
 
     @classmethod
     def scatter(cls, comm, matrix, layout="rows", root=0):
