@@ -113,7 +113,8 @@ def nrm2(comm, x, timings=None):
         sum_of_squares = np.array([np.vdot(scaled, scaled).real], dtype=np.float64)
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, sum_of_squares, op=MPI.SUM)
-    return result(scale[0] * np.sqrt(sum_of_squares[0]))
+    with np.errstate(over="ignore"):  # a norm beyond the type's range is inf, as numpy.linalg.norm gives
+        return result(scale[0] * np.sqrt(sum_of_squares[0]))
 
 
 def _scalar(alpha, dtype):
