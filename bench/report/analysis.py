@@ -33,7 +33,7 @@ def analyse(table, fits, projected, rows, suites):
         entries = [e for e in table if e["suite"] == suite]
         reference = reference_variant(suite, rows, suites)
         report = dict(suite=suite, kind=entries[0]["kind"], reference=reference, size_unit=entries[0]["size_unit"],
-                      digest=digest(entries, reference), superlinear=superlinear(entries, suites[suite]),
+                      digest=digest(entries, reference, entries[0]["kind"]), superlinear=superlinear(entries, suites[suite]),
                       points=entries, fits=[f for f in fits if f["suite"] == suite],
                       projection=[p for p in projected if p["suite"] == suite],
                       batch_size=batch_size_tables(entries, suites[suite]))
@@ -43,18 +43,21 @@ def analyse(table, fits, projected, rows, suites):
     return reports
 
 
-def digest(entries, reference):
+def digest(entries, reference, kind):
     """The best variant per size and rank count and its ratio to ``reference`` (T_ref / T_best).
 
     Only variants compared with the reference take part (``vs_ref`` known, or the
-    reference itself); a suite where no other variant is comparable (``p2p``: latency
-    and bandwidth measure different things) has no digest table. Returns one dict
-    per combination of `DIGEST_GROUP` values: ``group`` (those values), ``ranks``
-    (the rank counts), ``sizes`` (at most `DIGEST_SIZES`, spread), ``sizes_measured``
-    and ``cells`` (``"size ranks"`` -> ``{"variant", "t_med_s", "vs_ref"}``).
+    reference itself). In a communication suite only rank counts >= 2 count (one
+    rank sends nothing), and a suite where no other variant is comparable (``p2p``:
+    latency and bandwidth measure different things) has no digest table. Returns
+    one dict per combination of `DIGEST_GROUP` values: ``group`` (those values),
+    ``ranks`` (the rank counts), ``sizes`` (at most `DIGEST_SIZES`, spread),
+    ``sizes_measured`` and ``cells`` (``"size ranks"`` -> ``{"variant", "t_med_s",
+    "vs_ref", "efficiency"}``; efficiency None in communication suites).
     """
-    comparable = [e for e in entries if e["variant"] == reference or e["vs_ref"] is not None]
-    if not any(e["variant"] != reference for e in comparable):
+    comparable = [e for e in entries if (e["variant"] == reference or e["vs_ref"] is not None)
+                  and (kind != COMMUNICATION or e["ranks"] >= 2)]
+    if kind == COMMUNICATION and not any(e["variant"] != reference for e in comparable):
         return []
     groups = defaultdict(list)
     for entry in comparable:
@@ -70,7 +73,7 @@ def digest(entries, reference):
         tables.append(dict(
             group=dict(zip(DIGEST_GROUP, key)), ranks=sorted({ranks for _, ranks in best}),
             sizes=spread(sizes, DIGEST_SIZES), sizes_measured=len(sizes),
-            cells={f"{size} {ranks}": dict(variant=e["variant"], t_med_s=e["t_med_s"],
+            cells={f"{size} {ranks}": dict(variant=e["variant"], t_med_s=e["t_med_s"], efficiency=e["efficiency"],
                                            vs_ref=1.0 if e["variant"] == reference else e["vs_ref"])
                    for (size, ranks), e in best.items()}))
     return tables

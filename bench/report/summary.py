@@ -3,7 +3,7 @@
 Renders the per-suite dicts of `bench.report.analysis.analyse`. Times are shown
 in the unit that fits them (`format_time`: us, ms or s).
 """
-from bench.report.scaling import COMMUNICATION
+from bench.report.scaling import COMMUNICATION, GROUP
 from bench.units import format_size
 
 
@@ -39,7 +39,7 @@ def _digest(report):
     unit, reference = report["size_unit"], report["reference"]
     lines = [f"### {report['suite']} ({report['kind']}; reference {reference})", ""]
     for table in report.get("communication", []):
-        averages = ", ".join(f"{v} {bw:.2f} GB/s" for v, bw in table["average_busbw"].items())
+        averages = ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in table["average_busbw"].items())
         lines.append(f"- {table['ranks']} ranks{_suffix(table['group'], report['suite'])}: "
                      f"average bus bandwidth {averages}")
         if table["latency"]:
@@ -49,19 +49,24 @@ def _digest(report):
                          f"{format_size(ends[1]['size'])} {unit}")
     if report["superlinear"]:
         lines.append(f"- {len(report['superlinear'])} superlinear point(s): see the details")
+    if report["batch_size"]:
+        lines.append(f"- {len(report['batch_size'])} batch-size table(s) (time per epoch, peak memory): "
+                     "see the details")
     if lines[-1] != "":
         lines.append("")
     for table in report["digest"]:
         shown = "" if len(table["sizes"]) == table["sizes_measured"] else \
             f"; {len(table['sizes'])} of {table['sizes_measured']} sizes"
-        lines += [f"Best variant by size and rank count, with T_{reference} / T_best"
-                  f"{_suffix(table['group'], report['suite'])}{shown}:", "",
+        lines += [f"Best variant by size and rank count{_suffix(table['group'], report['suite'])}{shown}: "
+                  f"variant, T_{reference} / T_best (time"
+                  + (", efficiency)" if report["kind"] != COMMUNICATION else ")"), "",
                   f"| size ({unit}) | " + " | ".join(f"{p} rank{'s' if p > 1 else ''}" for p in table["ranks"]) + " |",
                   "|---" * (len(table["ranks"]) + 1) + "|"]
         for size in table["sizes"]:
             cells = [table["cells"].get(f"{size} {p}") for p in table["ranks"]]
             lines.append(f"| {format_size(size)} | " + " | ".join(
-                "" if c is None else f"{c['variant']} {_ratio(c['vs_ref'])} ({format_time(c['t_med_s'])})"
+                "" if c is None else f"{c['variant']} {_ratio(c['vs_ref'])} ({format_time(c['t_med_s'])}"
+                + ("" if c["efficiency"] is None else f", {c['efficiency']:.2f}") + ")"
                 for c in cells) + " |")
         lines.append("")
     return lines
@@ -74,7 +79,7 @@ def _communication(report):
         by_point = {(p["size"], p["variant"]): p for p in table["points"]}
         lines += _matrix(f"Bus bandwidth (GB/s) against size, {where}", unit, table, by_point,
                          table["variants"], lambda p: _cell(p["busbw_gbs"], "{:.3f}"))
-        lines += ["Average bus bandwidth: " + ", ".join(f"{v} {bw:.3f} GB/s" for v, bw in
+        lines += ["Average bus bandwidth: " + ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in
                                                          table["average_busbw"].items()), ""]
         others = [v for v in table["variants"]
                   if v != reference and any(p["vs_ref"] is not None for p in table["points"] if p["variant"] == v)]
@@ -98,21 +103,56 @@ def _communication(report):
     return lines
 
 
+#: The columns that make one compute table (variant, scaling, size and rank count are its rows).
+COMPUTE_GROUP = ("benchmark", "backend", "dtype", "settings")
+
+
 def _compute(report):
-    unit, reference, points = report["size_unit"], report["reference"], report["points"]
+    lines = []
+    groups = {}
+    for p in report["points"]:
+        groups.setdefault(tuple(p[c] for c in COMPUTE_GROUP), []).append(p)
+    for key, points in groups.items():
+        suffix = _suffix(dict(zip(COMPUTE_GROUP, key)), report["suite"])
+        lines += _scaling(report, points, suffix)
+        fits = [f for f in report["fits"] if tuple(f[c] for c in COMPUTE_GROUP) == key]
+        unit = report["size_unit"]
+        if fits:
+            lines += [f"### Serial fraction fits (Amdahl: strong scaling; Gustafson: weak){suffix}", "",
+                      f"| variant | size ({unit}) | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
+            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | {f['serial_fraction']:.3f} | "
+                      f"{f['rank_counts']} |" for f in fits]
+            lines.append("")
+        projected = [p for p in report["projection"] if tuple(p[c] for c in COMPUTE_GROUP) == key]
+        if projected:
+            lines += [f"### Projected time (cost model){suffix}", "", f"| variant | size ({unit}) | ranks | predicted |",
+                      "|---|---|---|---|"]
+            lines += [f"| {p['variant']} | {format_size(int(p['size']))} | {p['ranks']} | "
+                      f"{format_time(p['predicted_s'])} |" for p in projected]
+            lines.append("")
+    if report["superlinear"]:
+        lines += ["### Superlinear points (efficiency above 1.05)", ""]
+        lines += [f"- {s['variant']}, {format_size(int(s['size']))} {report['size_unit']}, {s['ranks']} ranks"
+                  f"{_suffix(s, report['suite'])}: efficiency {s['efficiency']:.2f}; why it may be: {s['reason']}"
+                  for s in report["superlinear"]]
+        lines.append("")
+    return lines + _batch_sizes(report)
+
+
+def _scaling(report, points, suffix):
+    """The table of one compute group: speedup, efficiency, Karp-Flatt, ratio to the reference, metric, model."""
+    unit, reference = report["size_unit"], report["reference"]
     metrics = sorted({p["metric"] for p in points if p["metric"]})
     metric_head = metrics[0] if len(metrics) == 1 else "metric"
     with_accuracy = any(p["accuracy"] is not None for p in points)
-    superlinear = {(s["variant"], s["scaling"], s["size"], s["ranks"], s["backend"], s["dtype"], s["settings"])
-                   for s in report["superlinear"]}
-    lines = [f"### Speedup, efficiency and Karp-Flatt, with the ratio to {reference} and the suite's metric", "",
-             f"| variant | scaling | size ({unit}) | ranks | time | speedup | efficiency | Karp-Flatt | "
+    superlinear = {_point_id(s) for s in report["superlinear"]}
+    lines = [f"### Speedup, efficiency and Karp-Flatt, with the ratio to {reference} and the suite's metric{suffix}",
+             "", f"| variant | scaling | size ({unit}) | ranks | time | speedup | efficiency | Karp-Flatt | "
              f"vs {reference} | {metric_head} |" + (" accuracy |" if with_accuracy else "")
              + " model | model error | wrong |",
              "|---" * (13 + with_accuracy) + "|"]
     for p in points:
-        flag = " (superlinear)" if (p["variant"], p["scaling"], p["size"], p["ranks"], p["backend"], p["dtype"],
-                                    p["settings"]) in superlinear else ""
+        flag = " (superlinear)" if _point_id(p) in superlinear else ""
         metric = _cell(p["metric_value"]) if len(metrics) <= 1 or not p["metric"] else \
             f"{p['metric']} {_cell(p['metric_value'])}"
         lines.append(
@@ -121,24 +161,15 @@ def _compute(report):
             f"{_cell(p['karp_flatt'])} | {_ratio(p['vs_ref'])} | {metric} |"
             + (f" {_cell(p['accuracy'])} |" if with_accuracy else "")
             + f" {format_time(p['predicted_s'])} | {_error(p)} | {p['wrong']} |")
-    lines.append("")
-    if report["superlinear"]:
-        lines += ["### Superlinear points (efficiency above 1.05)", ""]
-        lines += [f"- {s['variant']}, {format_size(int(s['size']))} {unit}, {s['ranks']} ranks: efficiency "
-                  f"{s['efficiency']:.2f}; why it may be: {s['reason']}" for s in report["superlinear"]]
-        lines.append("")
-    if report["fits"]:
-        lines += ["### Serial fraction fits (Amdahl: strong scaling; Gustafson: weak)", "",
-                  f"| variant | size ({unit}) | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
-        lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | {f['serial_fraction']:.3f} | "
-                  f"{f['rank_counts']} |" for f in report["fits"]]
-        lines.append("")
-    if report["projection"]:
-        lines += ["### Projected time (cost model)", "", f"| variant | size ({unit}) | ranks | predicted |",
-                  "|---|---|---|---|"]
-        lines += [f"| {p['variant']} | {format_size(int(p['size']))} | {p['ranks']} | "
-                  f"{format_time(p['predicted_s'])} |" for p in report["projection"]]
-        lines.append("")
+    return lines + [""]
+
+
+def _point_id(point):
+    return tuple(point[c] for c in GROUP) + (point["ranks"],)
+
+
+def _batch_sizes(report):
+    lines = []
     for table in report["batch_size"]:
         group = table["group"]
         lines += [f"### Batch size: model {table['model']}, {table['ranks']} rank{'s' if table['ranks'] > 1 else ''}, "
