@@ -71,6 +71,8 @@ class Case:
         (its first sentence in the list of all suites).
     declared_settings : tuple of bench.settings.Setting
         The suite's settings (``MLSCALE_*`` / ``--set``), in the order ``mlscale list SUITE`` shows them.
+    superlinear_reasons : dict
+        Variant -> why its speedup may exceed the rank count (the report says so beside such points).
 
     A case receives the resolved settings when it is made: ``Case(settings)``, a
     `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
@@ -87,6 +89,7 @@ class Case:
     dtypes = ("float64", "float32")
     description = ""
     declared_settings = ()
+    superlinear_reasons = {}
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings

@@ -41,9 +41,12 @@ def build_parser():
     add_measure_options(sweep)
     sweep.add_argument("--np", type=int, help="ranks to start (default: the largest --ranks, else the cores)")
     sweep.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
-    report = commands.add_parser("report", help="speedup and efficiency tables from results CSVs")
+    report = commands.add_parser("report", help="summary.md (bandwidth or scaling by suite kind), CSV, plots, JSON")
     report.add_argument("csv", nargs="+")
     report.add_argument("--out", default="report", help="folder for scaling.csv, fits.csv, summary.md, plots")
+    report.add_argument("--format", choices=("text", "json"), default="text",
+                        help="stdout: the notes (text) or the report as one JSON document (json; notes on stderr)")
+    report.add_argument("--json", metavar="PATH", help="also write the report as a JSON document to PATH")
     report.add_argument("--model", help="calibration JSON from `mlscale calibrate`: predicted beside measured")
     report.add_argument("--project", help="rank counts to extrapolate to with --model, e.g. 64,256,1024")
     report.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
@@ -170,16 +173,20 @@ def _strip_options(argv, options):
     return kept
 
 
-def command_report(args, out):
+def command_report(args, out, err):
+    """Write the report's files; print its notes, or (``--format json``) the JSON document with notes on stderr."""
     from bench.report.model import load_calibration
-    from bench.report.scaling import write_report
+    from bench.report.output import dumps, write_report
 
     calib = load_calibration(args.model) if args.model else None
     if args.project and not calib:
         raise InputError("--project needs --model CALIB.json (run mlscale calibrate first)")
     project = parse_ranks(args.project, 1 << 40) if args.project else ()
-    for line in write_report(args.csv, args.out, calib, project, args.plots):
-        out(line)
+    notes, document = write_report(args.csv, args.out, calib, project, args.plots, args.json)
+    for line in notes:
+        (err if args.format == "json" else out)(line)
+    if args.format == "json":
+        out(dumps(document))
     return EXIT_OK
 
 
@@ -220,7 +227,7 @@ def main(argv=None):
         if args.command == "sweep":
             return command_sweep(args, argv)
         if args.command == "report":
-            return command_report(args, out)
+            return command_report(args, out, err)
         if args.command == "calibrate":
             return command_calibrate(args, argv, out)
         if args.command == "slurm":

@@ -1,32 +1,40 @@
-"""Scaling reports from results CSVs: speedup, efficiency, Karp-Flatt, Amdahl / Gustafson fits, models.
+"""Scaling tables from results CSVs: speedup, efficiency, Karp-Flatt, Amdahl / Gustafson fits, models.
 
-For every suite / benchmark / variant / backend / dtype / scaling / size, the time
-at p ranks is compared with the time at the smallest rank count measured (1
-when present): speedup S = T_base / T_p x base ranks (strong scaling), efficiency
-E = S / p (strong) or T_1 / T_p (weak), and the Karp-Flatt serial fraction
-e = (1/S - 1/p) / (1 - 1/p). Each variant is also compared with the suite's
-reference variant at the same point (``vs_ref`` = T_ref / T; a reference that only
-runs on one rank, such as ``numpy`` with all BLAS threads, is taken at 1 rank, so
-``vs_ref`` compares explicit with implicit parallelism). Groups with two or
-more rank counts get a least-squares Amdahl serial fraction f (strong:
-1/S = f + (1 - f)/p) or Gustafson serial fraction s (weak: p E = p - s (p - 1)).
-With a calibration (`bench.report.model`), each point gets the suite's predicted time and
-the relative error, and ``project`` rank counts get predictions only.
+Suites are of two kinds (`suite_kind`). A *communication* suite (every row's size
+in bytes with a bus bandwidth: ``p2p``, ``allreduce``) is compared variant against
+reference at the same size and rank count only (``vs_ref`` = T_ref / T, for
+variants that move the same bytes per run); speedup, efficiency, Karp-Flatt, fits
+and projections are left out, since a collective's "speedup" over its own 1-rank
+copy is not a quantity. For a *compute* suite, the time at p ranks is compared
+with the time at the smallest rank count measured (1 when present): speedup
+S = T_base / T_p x base ranks (strong scaling), efficiency E = S / p (strong) or
+T_1 / T_p (weak), and the Karp-Flatt serial fraction e = (1/S - 1/p) / (1 - 1/p).
+Each variant is also compared with the suite's reference variant at the same point
+(a reference that only runs on one rank, such as ``numpy`` with all BLAS threads,
+is taken at 1 rank, so ``vs_ref`` compares explicit with implicit parallelism).
+Groups with two or more rank counts get a least-squares Amdahl serial fraction f
+(strong: 1/S = f + (1 - f)/p) or Gustafson serial fraction s (weak:
+p E = p - s (p - 1)). With a calibration (`bench.report.model`), each point gets the
+suite's predicted time and the relative error, and ``project`` rank counts of
+compute suites get predictions only.
 """
-import csv
+import json
 import os
 from collections import defaultdict
 
 from bench.csvio import read_rows, row_problem
 from bench.registry import get_case
-from bench.units import format_size
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
-SCALING_COLUMNS = GROUP + ("ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref",
-                           "predicted_s", "model_error", "busbw_gbs", "wrong")
+SCALING_COLUMNS = GROUP + ("size_unit", "ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref",
+                           "predicted_s", "model_error", "algbw_gbs", "busbw_gbs", "metric", "metric_value",
+                           "accuracy", "wrong")
 FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction")
 PROJECTION_COLUMNS = GROUP + ("ranks", "predicted_s")
+COMMUNICATION, COMPUTE = "communication", "compute"
+#: The ``params`` entry shown as the suite's accuracy beside its own metric (``dp``).
+ACCURACY_PARAM = "test_accuracy"
 
 
 def load_results(paths):
@@ -56,7 +64,7 @@ def load_results(paths):
     return list(latest.values()), warning
 
 
-class _Suites:
+class Suites:
     """Cases by suite name, loaded once; None for a suite this installation cannot load."""
 
     def __init__(self):
@@ -78,38 +86,82 @@ def _predict(case, key, ranks, calib):
     return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, calib)
 
 
+def suite_kind(rows):
+    """`COMMUNICATION` when every row measures bytes with a bus bandwidth (p2p, collectives), else `COMPUTE`."""
+    return COMMUNICATION if all(r["size_unit"] == "bytes" and r["busbw_gbs"] for r in rows) else COMPUTE
+
+
 def scaling_table(rows, calib=None, suites=None):
-    """One dict per row: speedup, efficiency, Karp-Flatt, ratio to the reference variant, model."""
-    suites = suites or _Suites()
+    """One dict per row: speedup, efficiency, Karp-Flatt (compute suites), ratio to the reference, model.
+
+    Each entry also carries the row's ``kind`` (`suite_kind` of its suite), size
+    unit, bandwidths, the suite's own metric, ``accuracy`` (`ACCURACY_PARAM`
+    from ``params``, when recorded) and ``params`` (a dict).
+    """
+    suites = suites or Suites()
+    kinds = {name: suite_kind([r for r in rows if r["suite"] == name]) for name in {r["suite"] for r in rows}}
     groups = defaultdict(list)
     for row in rows:
         groups[tuple(row[c] for c in GROUP)].append(row)
     reference = {}
     for key, members in groups.items():
-        case = suites[key[0]]
-        ref_variant = case.variants[0] if case else next(r["variant"] for r in rows if r["suite"] == key[0])
-        if key[2] == ref_variant:
+        if key[2] == reference_variant(key[0], rows, suites):
             for row in members:
-                reference[_peer_key(key, row["ranks"])] = float(row["t_med_s"])
+                reference[_peer_key(key, row["ranks"])] = row
     table = []
     for key in sorted(groups, key=_sort_key):
         members = sorted(groups[key], key=lambda r: int(r["ranks"]))
         base_ranks, base_time = int(members[0]["ranks"]), float(members[0]["t_med_s"])
-        strong = key[5] == "strong"
+        strong, compute = key[5] == "strong", kinds[key[0]] == COMPUTE
         for row in members:
             ranks, seconds = int(row["ranks"]), float(row["t_med_s"])
-            speedup = base_time / seconds * (base_ranks if strong else 1)
-            ref_time = reference.get(_peer_key(key, row["ranks"]), reference.get(_peer_key(key, 1)))
+            speedup = base_time / seconds * (base_ranks if strong else 1) if compute else None
+            if compute:
+                ref = reference.get(_peer_key(key, row["ranks"]), reference.get(_peer_key(key, 1)))
+            else:
+                ref = reference.get(_peer_key(key, row["ranks"]))
+                ref = ref if ref is not None and _same_bytes(ref, row) else None
             predicted = _predict(suites[key[0]], key, ranks, calib)
+            params = _params(row)
             table.append(dict(
-                zip(GROUP, key), ranks=ranks, t_med_s=seconds, speedup=speedup,
-                efficiency=speedup / ranks if strong else base_time / seconds,
-                karp_flatt=_karp_flatt(speedup, ranks) if strong and base_ranks == 1 else None,
-                vs_ref=ref_time / seconds if ref_time else None, predicted_s=predicted,
+                zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks, t_med_s=seconds,
+                speedup=speedup, efficiency=(speedup / ranks if strong else base_time / seconds) if compute else None,
+                karp_flatt=_karp_flatt(speedup, ranks) if compute and strong and base_ranks == 1 else None,
+                vs_ref=float(ref["t_med_s"]) / seconds if ref is not None else None, predicted_s=predicted,
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
-                busbw_gbs=float(row["busbw_gbs"]) if row["busbw_gbs"] else None, wrong=row["wrong"],
+                algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]), metric=row["metric"],
+                metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),
+                wrong=row["wrong"], params=params,
             ))
     return table
+
+
+def reference_variant(suite, rows, suites):
+    """The suite's reference: its first variant, or (a suite this installation cannot load) the first one read."""
+    case = suites[suite]
+    return case.variants[0] if case else next(r["variant"] for r in rows if r["suite"] == suite)
+
+
+def _same_bytes(ref, row):
+    """Whether two rows of a communication suite move the same bytes per run (algbw x time)."""
+    ref_bytes, row_bytes = (float(r["algbw_gbs"] or 0) * float(r["t_med_s"]) for r in (ref, row))
+    return abs(ref_bytes - row_bytes) <= 1e-3 * max(ref_bytes, row_bytes)
+
+
+def _number(text):
+    if text is None or text == "":
+        return None
+    value = float(text)
+    return value if value == value else None
+
+
+def _params(row):
+    """The row's ``params`` as a dict (an empty one when the column is empty or not a JSON object)."""
+    try:
+        params = json.loads(row.get("params") or "{}")
+    except ValueError:
+        return {}
+    return params if isinstance(params, dict) else {}
 
 
 def _peer_key(key, ranks):
@@ -128,14 +180,14 @@ def _sort_key(key):
 
 
 def serial_fractions(table):
-    """Amdahl (strong) or Gustafson (weak) serial fraction per group with >= 2 rank counts, base 1 rank."""
+    """Amdahl (strong) or Gustafson (weak) serial fraction per compute group with >= 2 rank counts from 1 rank."""
     groups = defaultdict(list)
     for entry in table:
         groups[tuple(entry[c] for c in GROUP)].append(entry)
     fits = []
     for key, entries in groups.items():
         counts = [e["ranks"] for e in entries]
-        if len(entries) < 2 or counts[0] != 1:
+        if len(entries) < 2 or counts[0] != 1 or entries[0]["kind"] != COMPUTE:
             continue
         points = [(e["ranks"], e["speedup"], e["efficiency"]) for e in entries if e["ranks"] > 1]
         if key[5] == "strong":
@@ -153,9 +205,9 @@ def serial_fractions(table):
 
 
 def projections(table, calib, rank_counts, suites=None):
-    """Predicted seconds at ``rank_counts`` for every group whose suite declares a cost model."""
-    suites = suites or _Suites()
-    keys = sorted({tuple(e[c] for c in GROUP) for e in table}, key=_sort_key)
+    """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model."""
+    suites = suites or Suites()
+    keys = sorted({tuple(e[c] for c in GROUP) for e in table if e["kind"] == COMPUTE}, key=_sort_key)
     rows = []
     for key in keys:
         for ranks in rank_counts:
@@ -163,108 +215,3 @@ def projections(table, calib, rank_counts, suites=None):
             if predicted is not None:
                 rows.append(dict(zip(GROUP, key), ranks=ranks, predicted_s=predicted))
     return rows
-
-
-def write_report(paths, out_dir, calib=None, project=(), plots=True):
-    """Write scaling.csv, fits.csv, summary.md (and projection.csv, PNG plots) into ``out_dir``.
-
-    Returns the lines to print (one warning line when invalid rows were skipped).
-    Raises `InputError` when ``out_dir`` is an existing file or cannot be written.
-    """
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise InputError(f"--out {out_dir} is an existing file, not a folder")
-    rows, warning = load_results(paths)
-    suites = _Suites()
-    table = scaling_table(rows, calib, suites)
-    fits = serial_fractions(table)
-    projected = projections(table, calib, project, suites) if calib and project else []
-    try:
-        written, notes = _write_outputs(out_dir, table, fits, projected, calib, plots)
-    except OSError as error:
-        raise InputError(f"cannot write the report into {out_dir}: {error.strerror}"
-                         + (f" ({error.filename})" if error.filename else "")) from None
-    notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
-    if warning:
-        notes.insert(1, warning)
-    counts = sorted({entry["ranks"] for entry in table})
-    if len(counts) < 2:
-        notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
-    errors = [abs(e["model_error"]) for e in table if e["model_error"] is not None]
-    if errors:
-        errors.sort()
-        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
-                     f"max {errors[-1]:.0%} over {len(errors)} points")
-    return notes
-
-
-def _write_outputs(out_dir, table, fits, projected, calib, plots):
-    """Write the report's files; return their paths and notes (no plots without matplotlib)."""
-    os.makedirs(out_dir, exist_ok=True)
-    written = [_write_csv(out_dir, "scaling.csv", SCALING_COLUMNS, table),
-               _write_csv(out_dir, "fits.csv", FIT_COLUMNS, fits)]
-    if projected:
-        written.append(_write_csv(out_dir, "projection.csv", PROJECTION_COLUMNS, projected))
-    summary = os.path.join(out_dir, "summary.md")
-    with open(summary, "w") as handle:
-        handle.write("\n".join(_markdown(table, fits, projected, calib)) + "\n")
-    written.append(summary)
-    notes = []
-    if plots:
-        try:
-            from bench.report.plots import plot_suites
-        except ImportError:
-            notes.append("report: no plots: matplotlib is missing (pip install 'mlscale[plot]')")
-        else:
-            written += plot_suites(table, out_dir)
-    return written, notes
-
-
-def _write_csv(out_dir, name, columns, entries):
-    path = os.path.join(out_dir, name)
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({k: _cell(v, "{:.6g}") for k, v in entry.items()} for entry in entries)
-    return path
-
-
-def _markdown(table, fits, projected, calib):
-    lines = ["# mlscale scaling report", ""]
-    if calib:
-        lines += [f"Model constants: alpha {calib['alpha_s'] * 1e6:.2f} us, "
-                  f"1/beta {1 / calib['beta_s_per_byte'] / 1e9:.2f} GB/s, "
-                  f"1/gamma {1 / calib['gamma_s_per_byte'] / 1e9:.2f} GB/s "
-                  f"({calib.get('host', '?')}, {calib.get('mpi_library', '?')}).", ""]
-    for suite in dict.fromkeys(e["suite"] for e in table):
-        lines += [f"## {suite}", "",
-                  "| variant | scaling | size | ranks | t_med (us) | speedup | efficiency | Karp-Flatt | vs ref "
-                  "| model (us) | model error | wrong |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for e in (e for e in table if e["suite"] == suite):
-            predicted = e["predicted_s"] * 1e6 if e["predicted_s"] is not None else None
-            error = f"{e['model_error']:+.0%}" if e["model_error"] is not None else ""
-            lines.append(
-                f"| {e['variant']} | {e['scaling']} | {format_size(int(e['size']))} | {e['ranks']} | "
-                f"{e['t_med_s'] * 1e6:.2f} | {_cell(e['speedup'])} | {_cell(e['efficiency'])} | "
-                f"{_cell(e['karp_flatt'])} | {_cell(e['vs_ref'])} | {_cell(predicted, '{:.2f}')} | {error} | "
-                f"{e['wrong']} |")
-        lines.append("")
-        suite_fits = [f for f in fits if f["suite"] == suite]
-        if suite_fits:
-            lines += ["| variant | size | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
-            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | "
-                      f"{f['serial_fraction']:.3f} | {f['rank_counts']} |" for f in suite_fits]
-            lines.append("")
-        suite_projection = [p for p in projected if p["suite"] == suite]
-        if suite_projection:
-            lines += ["| variant | size | ranks | predicted (us) |", "|---|---|---|---|"]
-            lines += [f"| {p['variant']} | {format_size(int(p['size']))} | {p['ranks']} | "
-                      f"{p['predicted_s'] * 1e6:.2f} |" for p in suite_projection]
-            lines.append("")
-    return lines
-
-
-def _cell(value, style="{:.3f}"):
-    if value is None:
-        return ""
-    return style.format(value) if isinstance(value, float) else value

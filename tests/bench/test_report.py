@@ -4,72 +4,70 @@ import json
 
 import pytest
 
-from bench.csvio import COLUMNS, SCHEMA_VERSION, ResultsFile
-from bench.report.scaling import scaling_table, serial_fractions, write_report
+from bench.csvio import COLUMNS, SCHEMA_VERSION
+from bench.registry import get_case
+from bench.report.output import write_report
+from bench.report.scaling import scaling_table, serial_fractions
 from kernels.errors import InputError
+from tests.bench.report_rows import CALIB, amdahl_points, as_read, point, write_points
 from tests.clitools import mlscale, rows_of
 
-CALIB = {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_byte": 5e-11,
-         "memcpy_bytes_per_s": 8e9, "gemm_flops_per_s": 3e10}
-
-
-def point(variant, ranks, seconds, size=1024, scaling="strong", suite="allreduce"):
-    return dict(suite=suite, benchmark=suite, variant=variant, backend="numpy", dtype="float64", ranks=ranks,
-                nodes=1, threads=1, scaling=scaling, size=size, size_unit="bytes", iters=3, warmup=1,
-                t_min_s=seconds, t_med_s=seconds, t_max_s=seconds, busbw_gbs=1.0, wrong=0, settings="{}")
-
-
-def write_points(path, points):
-    results = ResultsFile(str(path))
-    for row in points:
-        results.append(row)
-    results.close()
-    return str(path)
-
-
-def amdahl_points(variant, serial_fraction, scaling="strong"):
-    """Times of a program with the given serial fraction on 1, 2, 4 ranks (strong) or weak-scaled."""
-    if scaling == "strong":
-        return [point(variant, p, serial_fraction + (1 - serial_fraction) / p) for p in (1, 2, 4)]
-    return [point(variant, p, p / (p - serial_fraction * (p - 1)), scaling="weak") for p in (1, 2, 4)]
-
-
 def test_speedup_efficiency_karp_flatt_and_reference_ratio(tmp_path):
-    rows = [{k: str(v) for k, v in r.items()} for r in amdahl_points("mpi", 0.1) + amdahl_points("ring", 0.2)]
+    rows = as_read(amdahl_points("numpy", 0.1) + amdahl_points("rows", 0.2))
     table = scaling_table(rows)
-    ring4 = next(e for e in table if e["variant"] == "ring" and e["ranks"] == 4)
-    assert ring4["speedup"] == pytest.approx(1 / (0.2 + 0.8 / 4))
-    assert ring4["efficiency"] == pytest.approx(ring4["speedup"] / 4)
-    assert ring4["karp_flatt"] == pytest.approx(0.2)
-    assert ring4["vs_ref"] == pytest.approx((0.1 + 0.9 / 4) / (0.2 + 0.8 / 4))
+    rows4 = next(e for e in table if e["variant"] == "rows" and e["ranks"] == 4)
+    assert rows4["kind"] == "compute"
+    assert rows4["speedup"] == pytest.approx(1 / (0.2 + 0.8 / 4))
+    assert rows4["efficiency"] == pytest.approx(rows4["speedup"] / 4)
+    assert rows4["karp_flatt"] == pytest.approx(0.2)
+    assert rows4["vs_ref"] == pytest.approx((0.1 + 0.9 / 4) / (0.2 + 0.8 / 4))
 
 
 @pytest.mark.parametrize("scaling, law", [("strong", "amdahl"), ("weak", "gustafson")])
 def test_fits_recover_the_serial_fraction(scaling, law):
-    rows = [{k: str(v) for k, v in r.items()} for r in amdahl_points("ring", 0.15, scaling)]
+    rows = as_read(amdahl_points("rows", 0.15, scaling))
     (fit,) = serial_fractions(scaling_table(rows))
     assert fit["law"] == law and fit["serial_fraction"] == pytest.approx(0.15)
 
 
-def test_report_files_model_and_projection(tmp_path):
-    path = write_points(tmp_path / "a.csv", amdahl_points("mpi", 0.1) + amdahl_points("ring", 0.2))
-    lines = write_report([path], str(tmp_path / "out"), CALIB, [64, 1024])
+def test_report_files_model_and_projection_of_a_compute_suite(tmp_path):
+    path = write_points(tmp_path / "a.csv", amdahl_points("numpy", 0.1) + amdahl_points("rows", 0.2))
+    lines, _ = write_report([path], str(tmp_path / "out"), CALIB, [64, 1024])
     assert any("model error" in line for line in lines)
+    case = get_case("gemv")
     with open(tmp_path / "out" / "scaling.csv") as handle:
-        table = list(csv.DictReader(handle))
-    ring2 = next(r for r in table if r["variant"] == "ring" and r["ranks"] == "2")
-    expected = 2 * 2e-6 + 1024 * 1e-10 + 512 * 5e-11  # 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
-    assert float(ring2["predicted_s"]) == pytest.approx(expected, rel=1e-5)
+        rows2 = next(r for r in csv.DictReader(handle) if r["variant"] == "rows" and r["ranks"] == "2")
+    assert float(rows2["predicted_s"]) == pytest.approx(case.predict("rows", 1024, 2, CALIB), rel=1e-5)
     with open(tmp_path / "out" / "projection.csv") as handle:
         projected = {(r["variant"], r["ranks"]) for r in csv.DictReader(handle)}
-    assert ("ring", "1024") in projected and ("mpi", "64") in projected
+    assert ("rows", "1024") in projected and ("rows", "64") in projected
     names = {p.name for p in (tmp_path / "out").iterdir()}
-    assert {"summary.md", "fits.csv", "allreduce_strong_time.png", "allreduce_strong_efficiency.png"} <= names
+    assert {"summary.md", "fits.csv", "gemv_strong_time.png", "gemv_strong_efficiency.png"} <= names
+
+
+def test_a_communication_suite_has_a_model_but_no_speedup_fits_projection_or_efficiency_plot(tmp_path):
+    points = [point(v, p, t * (1 + 0.1 * p), size=s, suite="allreduce")
+              for v, t in (("mpi", 1e-4), ("ring", 2e-4)) for p in (1, 2, 4) for s in (1024, 4096)]
+    path = write_points(tmp_path / "a.csv", points)
+    write_report([path], str(tmp_path / "out"), CALIB, [64, 1024])
+    with open(tmp_path / "out" / "scaling.csv") as handle:
+        table = list(csv.DictReader(handle))
+    ring2 = next(r for r in table if r["variant"] == "ring" and r["ranks"] == "2" and r["size"] == "1024")
+    expected = 2 * 2e-6 + 1024 * 1e-10 + 512 * 5e-11  # 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    assert float(ring2["predicted_s"]) == pytest.approx(expected, rel=1e-5)
+    assert {r["speedup"] for r in table} == {r["efficiency"] for r in table} == {r["karp_flatt"] for r in table} == {""}
+    assert float(ring2["vs_ref"]) == pytest.approx(0.5)
+    assert len(rows_of(str(tmp_path / "out" / "fits.csv"))) == 0
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert "projection.csv" not in names and "allreduce_bandwidth.png" in names
+    assert not any("efficiency" in name or "time" in name for name in names)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "speedup" not in summary.lower() and "Karp-Flatt" not in summary
 
 
 def test_single_rank_count_is_said(tmp_path):
     path = write_points(tmp_path / "a.csv", [point("mpi", 2, 1e-3, size=s) for s in (8, 16)])
-    lines = write_report([path], str(tmp_path / "out"), plots=False)
+    lines, _ = write_report([path], str(tmp_path / "out"), plots=False)
     assert any("only one rank count (2)" in line for line in lines)
 
 
@@ -103,7 +101,7 @@ def test_bad_rows_are_skipped_with_one_warning_and_enter_no_fit(tmp_path):
     clean = write_points(tmp_path / "clean.csv", amdahl_points("ring", 0.2))
     write_report([clean], str(tmp_path / "clean"), plots=False)
     dirty = write_points(tmp_path / "dirty.csv", amdahl_points("ring", 0.2))
-    lines = write_report([with_raw_lines(dirty, bad_lines(dirty))], str(tmp_path / "dirty"), plots=False)
+    lines, _ = write_report([with_raw_lines(dirty, bad_lines(dirty))], str(tmp_path / "dirty"), plots=False)
     warnings = [line for line in lines if "warning" in line]
     assert warnings == [f"report: warning: skipped 7 invalid rows of 10 (first: {dirty} line 5: "
                         "t_med_s 'nan' is not a time > 0)"]
@@ -123,7 +121,7 @@ def test_a_file_of_bad_rows_only_is_refused_with_the_reason(tmp_path):
     with pytest.raises(InputError, match=f"no measured points in {other}: all 1 rows are invalid "
                                          f".first: {other} line 2: schema '{SCHEMA_VERSION + 1}', not 2"):
         write_report([str(other)], str(tmp_path / "out"))
-    lines = write_report([path, str(other)], str(tmp_path / "out"), plots=False)
+    lines, _ = write_report([path, str(other)], str(tmp_path / "out"), plots=False)
     assert "report: warning: skipped 1 invalid row of 2" in "\n".join(lines)
 
 

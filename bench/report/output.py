@@ -1,0 +1,126 @@
+"""`write_report`: results CSVs in; scaling.csv, fits.csv, summary.md, plots and a JSON document out.
+
+The JSON document (`document`) holds the same per-suite analysis as summary.md
+(`bench.report.analysis.analyse`) as plain numbers: seconds, GB/s, MiB, ratios;
+a value not measured or not defined is ``null`` (never NaN).
+"""
+import csv
+import json
+import math
+import os
+
+from bench.report.analysis import analyse
+from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
+                                  projections, scaling_table, serial_fractions)
+from bench.report.summary import markdown
+from kernels.errors import InputError
+
+#: Version of the JSON document's layout (``mlscale_report``).
+JSON_VERSION = 1
+
+
+def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=None):
+    """Write scaling.csv, fits.csv, summary.md (and projection.csv, PNG plots) into ``out_dir``.
+
+    With ``json_path``, also write the JSON `document` there. Returns
+    ``(notes, document)``: the lines to print (one warning line when invalid rows
+    were skipped) and the document. Raises `InputError` when ``out_dir`` is an
+    existing file or a file cannot be written.
+    """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"--out {out_dir} is an existing file, not a folder")
+    rows, warning = load_results(paths)
+    suites = Suites()
+    table = scaling_table(rows, calib, suites)
+    fits = serial_fractions(table)
+    projected = projections(table, calib, project, suites) if calib and project else []
+    reports = analyse(table, fits, projected, rows, suites)
+    notes = []
+    if warning:
+        notes.append(warning)
+    counts = sorted({entry["ranks"] for entry in table})
+    if len(counts) < 2:
+        notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
+    errors = sorted(abs(e["model_error"]) for e in table if e["model_error"] is not None)
+    if errors:
+        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
+                     f"max {errors[-1]:.0%} over {len(errors)} points")
+    doc = document(paths, len(rows), reports, calib, notes)
+    try:
+        written, plot_notes = _write_outputs(out_dir, table, fits, projected, reports, calib, plots)
+        if json_path:
+            _write_json(json_path, doc)
+            written.append(json_path)
+    except OSError as error:
+        raise InputError(f"cannot write the report into {json_path if _is_json(error, json_path) else out_dir}: "
+                         f"{error.strerror}" + (f" ({error.filename})" if error.filename else "")) from None
+    notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
+    return notes + plot_notes, doc
+
+
+def document(paths, points, reports, calib, notes):
+    """The machine-readable report: files, point count, notes, calibration and one object per suite."""
+    return _plain(dict(mlscale_report=JSON_VERSION, files=list(paths), points=points, notes=list(notes),
+                       calibration=calib, suites=reports))
+
+
+def _plain(value):
+    """``value`` with NaN and infinities as None, tuples as lists: strict JSON."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(doc):
+    """The document as JSON text (strict: no NaN)."""
+    return json.dumps(doc, indent=1, allow_nan=False)
+
+
+def _is_json(error, json_path):
+    return json_path is not None and error.filename == json_path
+
+
+def _write_json(path, doc):
+    with open(path, "w") as handle:
+        handle.write(dumps(doc) + "\n")
+
+
+def _write_outputs(out_dir, table, fits, projected, reports, calib, plots):
+    """Write the report's files; return their paths and notes (no plots without matplotlib)."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = [_write_csv(out_dir, "scaling.csv", SCALING_COLUMNS, table),
+               _write_csv(out_dir, "fits.csv", FIT_COLUMNS, fits)]
+    if projected:
+        written.append(_write_csv(out_dir, "projection.csv", PROJECTION_COLUMNS, projected))
+    summary = os.path.join(out_dir, "summary.md")
+    with open(summary, "w") as handle:
+        handle.write("\n".join(markdown(reports, calib)) + "\n")
+    written.append(summary)
+    notes = []
+    if plots:
+        try:
+            from bench.report.plots import plot_suites
+        except ImportError:
+            notes.append("report: no plots: matplotlib is missing (pip install 'mlscale[plot]')")
+        else:
+            written += plot_suites(reports, out_dir)
+    return written, notes
+
+
+def _write_csv(out_dir, name, columns, entries):
+    path = os.path.join(out_dir, name)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: _csv_cell(v) for k, v in entry.items()} for entry in entries)
+    return path
+
+
+def _csv_cell(value):
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value

@@ -1,0 +1,215 @@
+"""summary.md: a digest per suite first (a dozen lines each), then the details, every table under a heading.
+
+Renders the per-suite dicts of `bench.report.analysis.analyse`. Times are shown
+in the unit that fits them (`format_time`: us, ms or s).
+"""
+from bench.report.scaling import COMMUNICATION, GROUP
+from bench.units import format_size
+
+
+def format_time(seconds):
+    """``3.5e-06 -> '3.50 us'``, ``0.0123 -> '12.30 ms'``, ``2.5 -> '2.50 s'``; '' for None."""
+    if seconds is None:
+        return ""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def markdown(reports, calib):
+    """The lines of summary.md."""
+    lines = ["# mlscale report", ""]
+    if calib:
+        lines += [f"Model constants: alpha {calib['alpha_s'] * 1e6:.2f} us, "
+                  f"1/beta {1 / calib['beta_s_per_byte'] / 1e9:.2f} GB/s, "
+                  f"1/gamma {1 / calib['gamma_s_per_byte'] / 1e9:.2f} GB/s "
+                  f"({calib.get('host', '?')}, {calib.get('mpi_library', '?')}).", ""]
+    lines += ["## Digest", ""]
+    for report in reports:
+        lines += _digest(report)
+    for report in reports:
+        lines += [f"## {report['suite']}: details", ""]
+        lines += _communication(report) if report["kind"] == COMMUNICATION else _compute(report)
+    return lines
+
+
+def _digest(report):
+    unit, reference = report["size_unit"], report["reference"]
+    lines = [f"### {report['suite']} ({report['kind']}; reference {reference})", ""]
+    for table in report.get("communication", []):
+        averages = ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in table["average_busbw"].items())
+        lines.append(f"- {table['ranks']} ranks{_suffix(table['group'], report['suite'])}: "
+                     f"average bus bandwidth {averages}")
+        if table["latency"]:
+            ends = (table["latency"][0], table["latency"][-1])
+            lines.append(f"- {table['ranks']} ranks: latency {format_time(ends[0]['latency_s'])} at "
+                         f"{format_size(ends[0]['size'])} {unit}, {format_time(ends[1]['latency_s'])} at "
+                         f"{format_size(ends[1]['size'])} {unit}")
+    if report["superlinear"]:
+        lines.append(f"- {len(report['superlinear'])} superlinear point(s): see the details")
+    if report["batch_size"]:
+        lines.append(f"- {len(report['batch_size'])} batch-size table(s) (time per epoch, peak memory): "
+                     "see the details")
+    if lines[-1] != "":
+        lines.append("")
+    for table in report["digest"]:
+        shown = "" if len(table["sizes"]) == table["sizes_measured"] else \
+            f"; {len(table['sizes'])} of {table['sizes_measured']} sizes"
+        lines += [f"Best variant by size and rank count{_suffix(table['group'], report['suite'])}{shown}: "
+                  f"variant, T_{reference} / T_best (time"
+                  + (", efficiency)" if report["kind"] != COMMUNICATION else ")"), "",
+                  f"| size ({unit}) | " + " | ".join(f"{p} rank{'s' if p > 1 else ''}" for p in table["ranks"]) + " |",
+                  "|---" * (len(table["ranks"]) + 1) + "|"]
+        for size in table["sizes"]:
+            cells = [table["cells"].get(f"{size} {p}") for p in table["ranks"]]
+            lines.append(f"| {format_size(size)} | " + " | ".join(
+                "" if c is None else f"{c['variant']} {_ratio(c['vs_ref'])} ({format_time(c['t_med_s'])}"
+                + ("" if c["efficiency"] is None else f", {c['efficiency']:.2f}") + ")"
+                for c in cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _communication(report):
+    unit, reference, lines = report["size_unit"], report["reference"], []
+    for table in report["communication"]:
+        where = f"{table['ranks']} ranks{_suffix(table['group'], report['suite'])}"
+        by_point = {(p["size"], p["variant"]): p for p in table["points"]}
+        lines += _matrix(f"Bus bandwidth (GB/s) against size, {where}", unit, table, by_point,
+                         table["variants"], lambda p: _cell(p["busbw_gbs"], "{:.3f}"))
+        lines += ["Average bus bandwidth: " + ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in
+                                                         table["average_busbw"].items()), ""]
+        others = [v for v in table["variants"]
+                  if v != reference and any(p["vs_ref"] is not None for p in table["points"] if p["variant"] == v)]
+        if others:
+            lines += _matrix(f"Ratio to {reference} (T_{reference} / T) against size, {where}", unit, table, by_point,
+                             others, lambda p: _ratio(p["vs_ref"]))
+        if table["latency"]:
+            lines += [f"### Latency against size, {where}", "", f"| size ({unit}) | variant | latency |",
+                      "|---|---|---|"]
+            lines += [f"| {format_size(r['size'])} | {r['variant']} | {format_time(r['latency_s'])} |"
+                      for r in table["latency"]]
+            lines.append("")
+        lines += [f"### Time, algbw and busbw per variant, {where}", "",
+                  f"| size ({unit}) | variant | time | algbw (GB/s) | busbw (GB/s) | model | model error | wrong |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {format_size(p['size'])} | {p['variant']} | {format_time(p['t_med_s'])} | "
+                  f"{_cell(p['algbw_gbs'], '{:.3f}')} | {_cell(p['busbw_gbs'], '{:.3f}')} | "
+                  f"{format_time(p['predicted_s'])} | {_error(p)} | {p['wrong']} |"
+                  for p in table["points"]]
+        lines.append("")
+    return lines
+
+
+#: The columns that make one compute table (variant, scaling, size and rank count are its rows).
+COMPUTE_GROUP = ("benchmark", "backend", "dtype", "settings")
+
+
+def _compute(report):
+    lines = []
+    groups = {}
+    for p in report["points"]:
+        groups.setdefault(tuple(p[c] for c in COMPUTE_GROUP), []).append(p)
+    for key, points in groups.items():
+        suffix = _suffix(dict(zip(COMPUTE_GROUP, key)), report["suite"])
+        lines += _scaling(report, points, suffix)
+        fits = [f for f in report["fits"] if tuple(f[c] for c in COMPUTE_GROUP) == key]
+        unit = report["size_unit"]
+        if fits:
+            lines += [f"### Serial fraction fits (Amdahl: strong scaling; Gustafson: weak){suffix}", "",
+                      f"| variant | size ({unit}) | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
+            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | {f['serial_fraction']:.3f} | "
+                      f"{f['rank_counts']} |" for f in fits]
+            lines.append("")
+        projected = [p for p in report["projection"] if tuple(p[c] for c in COMPUTE_GROUP) == key]
+        if projected:
+            lines += [f"### Projected time (cost model){suffix}", "", f"| variant | size ({unit}) | ranks | predicted |",
+                      "|---|---|---|---|"]
+            lines += [f"| {p['variant']} | {format_size(int(p['size']))} | {p['ranks']} | "
+                      f"{format_time(p['predicted_s'])} |" for p in projected]
+            lines.append("")
+    if report["superlinear"]:
+        lines += ["### Superlinear points (efficiency above 1.05)", ""]
+        lines += [f"- {s['variant']}, {format_size(int(s['size']))} {report['size_unit']}, {s['ranks']} ranks"
+                  f"{_suffix(s, report['suite'])}: efficiency {s['efficiency']:.2f}; why it may be: {s['reason']}"
+                  for s in report["superlinear"]]
+        lines.append("")
+    return lines + _batch_sizes(report)
+
+
+def _scaling(report, points, suffix):
+    """The table of one compute group: speedup, efficiency, Karp-Flatt, ratio to the reference, metric, model."""
+    unit, reference = report["size_unit"], report["reference"]
+    metrics = sorted({p["metric"] for p in points if p["metric"]})
+    metric_head = metrics[0] if len(metrics) == 1 else "metric"
+    with_accuracy = any(p["accuracy"] is not None for p in points)
+    superlinear = {_point_id(s) for s in report["superlinear"]}
+    lines = [f"### Speedup, efficiency and Karp-Flatt, with the ratio to {reference} and the suite's metric{suffix}",
+             "", f"| variant | scaling | size ({unit}) | ranks | time | speedup | efficiency | Karp-Flatt | "
+             f"vs {reference} | {metric_head} |" + (" accuracy |" if with_accuracy else "")
+             + " model | model error | wrong |",
+             "|---" * (13 + with_accuracy) + "|"]
+    for p in points:
+        flag = " (superlinear)" if _point_id(p) in superlinear else ""
+        metric = _cell(p["metric_value"]) if len(metrics) <= 1 or not p["metric"] else \
+            f"{p['metric']} {_cell(p['metric_value'])}"
+        lines.append(
+            f"| {p['variant']} | {p['scaling']} | {format_size(int(p['size']))} | {p['ranks']} | "
+            f"{format_time(p['t_med_s'])} | {_cell(p['speedup'])} | {_cell(p['efficiency'])}{flag} | "
+            f"{_cell(p['karp_flatt'])} | {_ratio(p['vs_ref'])} | {metric} |"
+            + (f" {_cell(p['accuracy'])} |" if with_accuracy else "")
+            + f" {format_time(p['predicted_s'])} | {_error(p)} | {p['wrong']} |")
+    return lines + [""]
+
+
+def _point_id(point):
+    return tuple(point[c] for c in GROUP) + (point["ranks"],)
+
+
+def _batch_sizes(report):
+    lines = []
+    for table in report["batch_size"]:
+        group = table["group"]
+        lines += [f"### Batch size: model {table['model']}, {table['ranks']} rank{'s' if table['ranks'] > 1 else ''}, "
+                  f"{group['backend']} ({group['dtype']}, {group['variant']}, {group['scaling']} scaling"
+                  + (f", {group['settings']}" if group["settings"] != "{}" else "") + ")", "",
+                  "| batch size | time per epoch (s) | peak memory (MiB) |", "|---|---|---|"]
+        lines += [f"| {r['batch']} | "
+                  + ("n/a" if r["time_per_epoch_s"] is None else
+                     f"{r['time_per_epoch_s']:.3f}" + (" (estimate)" if r["time_source"] == "estimate" else ""))
+                  + f" | {'n/a' if r['peak_memory_mib'] is None else format(r['peak_memory_mib'], '.1f')} |"
+                  for r in table["rows"]]
+        lines.append("")
+    return lines
+
+
+def _matrix(title, unit, table, by_point, variants, cell):
+    lines = [f"### {title}", "", f"| size ({unit}) | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for size in table["sizes"]:
+        lines.append(f"| {format_size(size)} | " + " | ".join(
+            cell(by_point[(size, v)]) if (size, v) in by_point else "" for v in variants) + " |")
+    return lines + [""]
+
+
+def _suffix(group, suite):
+    parts = [group["benchmark"]] if group.get("benchmark", suite) != suite else []
+    parts += [group[c] for c in ("backend", "dtype", "scaling") if c in group]
+    if group.get("settings", "{}") != "{}":
+        parts.append(group["settings"])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _error(point):
+    return "" if point["model_error"] is None else f"{point['model_error']:+.0%}"
+
+
+def _ratio(value):
+    return "" if value is None else f"{value:.2f}x"
+
+
+def _cell(value, style="{:.3f}"):
+    if value is None:
+        return ""
+    return style.format(value) if isinstance(value, float) else str(value)

@@ -1,0 +1,108 @@
+"""The tables a suite's kind calls for: bus bandwidth and latency (communication), batch size (training).
+
+Both take entries of `bench.report.scaling.scaling_table` and return plain
+numbers; `bench.report.summary` formats them, `bench.report.output` writes them
+as JSON.
+"""
+import math
+from collections import defaultdict
+
+#: Columns that, with the rank count, make one communication table (sizes down, variants across).
+COMMUNICATION_GROUP = ("benchmark", "backend", "dtype", "scaling", "settings")
+#: Columns that, with model and rank count, make one batch-size table.
+BATCH_GROUP = ("backend", "dtype", "variant", "scaling", "settings")
+#: The metric a latency test records (one-way latency in microseconds).
+LATENCY_METRIC = "latency_us"
+
+
+def communication_tables(entries):
+    """Bus bandwidth, ratio to the reference and latency against size, per rank count >= 2.
+
+    One dict per (`COMMUNICATION_GROUP`, rank count): ``group``, ``ranks``,
+    ``variants`` (in order of appearance), ``sizes`` (sorted), ``points`` (size,
+    variant, t_med_s, algbw_gbs, busbw_gbs, vs_ref, predicted_s, model_error, wrong),
+    ``average_busbw`` (variant -> the mean bus bandwidth over its sizes, as
+    nccl-tests' "Avg bus bandwidth") and ``latency`` (size, variant, latency_s of
+    the points whose metric is `LATENCY_METRIC`). One rank sends nothing, so
+    1-rank points have no table.
+    """
+    groups = defaultdict(list)
+    for entry in entries:
+        if entry["ranks"] >= 2:
+            groups[tuple(entry[c] for c in COMMUNICATION_GROUP) + (entry["ranks"],)].append(entry)
+    tables = []
+    for key in sorted(groups):
+        members = groups[key]
+        variants = list(dict.fromkeys(e["variant"] for e in members))
+        busbw = defaultdict(list)
+        for entry in members:
+            busbw[entry["variant"]].append(entry["busbw_gbs"])
+        tables.append(dict(
+            group=dict(zip(COMMUNICATION_GROUP, key[:-1])), ranks=key[-1], variants=variants,
+            sizes=sorted({int(e["size"]) for e in members}),
+            points=[dict(size=int(e["size"]), **{c: e[c] for c in ("variant", "t_med_s", "algbw_gbs", "busbw_gbs",
+                                                                   "vs_ref", "predicted_s", "model_error",
+                                                                   "wrong")})
+                    for e in sorted(members, key=lambda e: (int(e["size"]), variants.index(e["variant"])))],
+            average_busbw={v: sum(values) / len(values) for v, values in busbw.items()},
+            latency=[dict(size=int(e["size"]), variant=e["variant"], latency_s=e["metric_value"] * 1e-6)
+                     for e in sorted(members, key=lambda e: int(e["size"]))
+                     if e["metric"] == LATENCY_METRIC and e["metric_value"] is not None],
+        ))
+    return tables
+
+
+def batch_size_tables(entries, case):
+    """Time per epoch and peak memory against the global batch, per model, rank count and `BATCH_GROUP`.
+
+    For training suites whose points record ``samples_per_epoch`` (or, from older
+    results, ``epoch_s_estimate``) in ``params``: the time per epoch is the
+    measured median step time x ``ceil(samples_per_epoch / batch)`` (else the
+    suite's own estimate, marked ``estimate``); the peak memory is
+    ``peak_memory_mib`` (None when not recorded). The batch is the global one:
+    ``case.problem_size`` of the point (``size`` x ranks under weak scaling).
+    Returns one dict per table: ``model``, ``ranks``, ``group`` and ``rows``
+    (batch, time_per_epoch_s, time_source, peak_memory_mib), sorted by batch.
+    """
+    groups = defaultdict(list)
+    for entry in entries:
+        params = entry["params"]
+        if entry["size_unit"] != "samples" or not ({"samples_per_epoch", "epoch_s_estimate"} & set(params)):
+            continue
+        key = (str(params.get("model", "default")), entry["ranks"]) + tuple(entry[c] for c in BATCH_GROUP)
+        groups[key].append(entry)
+    tables = []
+    for key in sorted(groups):
+        rows = []
+        for entry in groups[key]:
+            batch = _global_batch(entry, case)
+            seconds, source = _epoch_seconds(entry, batch)
+            memory = entry["params"].get("peak_memory_mib")
+            rows.append(dict(batch=batch, time_per_epoch_s=seconds, time_source=source,
+                             peak_memory_mib=float(memory) if _finite(memory) else None))
+        tables.append(dict(model=key[0], ranks=key[1], group=dict(zip(BATCH_GROUP, key[2:])),
+                           rows=sorted(rows, key=lambda r: r["batch"])))
+    return tables
+
+
+def _global_batch(entry, case):
+    size, ranks, scaling = int(entry["size"]), entry["ranks"], entry["scaling"]
+    if case is not None:
+        return case.problem_size(size, ranks, scaling)
+    return size if scaling == "strong" else size * ranks
+
+
+def _epoch_seconds(entry, batch):
+    """(seconds per epoch, where they come from): measured step x steps per epoch, the suite's estimate, or None."""
+    params = entry["params"]
+    samples = params.get("samples_per_epoch")
+    if _finite(samples) and samples > 0 and batch > 0:
+        return entry["t_med_s"] * math.ceil(samples / batch), "measured"
+    estimate = params.get("epoch_s_estimate")
+    if _finite(estimate):
+        return float(estimate), "estimate"
+    return None, None
+
+
+def _finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
