@@ -183,8 +183,8 @@ def command_report(args, out, err):
         raise InputError("--project needs --model CALIB.json (run mlscale calibrate first)")
     project = parse_ranks(args.project, 1 << 40) if args.project else ()
     notes, document = write_report(args.csv, args.out, calib, project, args.plots, args.json)
-    for line in notes:
-        (err if args.format == "json" else out)(line)
+    for line in notes:  # warnings go to stderr always; the other notes there only beside JSON on stdout
+        (err if args.format == "json" or line.startswith("report: warning") else out)(line)
     if args.format == "json":
         out(dumps(document))
     return EXIT_OK

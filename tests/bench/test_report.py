@@ -179,8 +179,9 @@ def test_report_command_skips_bad_rows_with_one_warning_line(tmp_path):
     with_raw_lines(path, bad_lines(path))
     status, out, err = mlscale("report", path, "--out", str(tmp_path / "out"), "--no-plots")
     assert status == 0, err
-    assert [line for line in out.splitlines() if "warning" in line] == [
+    assert [line for line in err.splitlines() if "warning" in line] == [
         f"report: warning: skipped 7 invalid rows of 10 (first: {path} line 5: t_med_s 'nan' is not a time > 0)"]
+    assert "warning" not in out
     assert len(rows_of(str(tmp_path / "out" / "scaling.csv"))) == 3
 
 
