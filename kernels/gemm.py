@@ -1,5 +1,6 @@
 """Distributed GEMM ``C = A B``: 1D row blocks here; SUMMA in `kernels.gemm_summa`,
-Cannon and 2.5D in `kernels.gemm_cannon` (all importable from this module).
+Cannon and 2.5D in `kernels.gemm_cannon`, SUMMA with look-ahead and Cannon with
+overlapped shifts in `kernels.gemm_lookahead` (all importable from this module).
 
 ``A`` is ``m x k``, ``B`` is ``k x n`` and ``C`` is ``m x n``, all `DistMatrix`
 objects with the same layout; the serial reference is ``A @ B``. Costs are per
@@ -22,9 +23,11 @@ from kernels.dtypes import accumulator
 from kernels.errors import InputError
 from kernels.gemm_cannon import gemm_25d, gemm_cannon, grid_25d
 from kernels.gemm_checks import check_product
+from kernels.gemm_lookahead import gemm_cannon_overlap, gemm_summa_lookahead
 from kernels.gemm_summa import gemm_summa
 
-__all__ = ["ONE_D_VARIANTS", "gemm_1d", "gemm_summa", "gemm_cannon", "grid_25d", "gemm_25d"]
+__all__ = ["ONE_D_VARIANTS", "gemm_1d", "gemm_summa", "gemm_summa_lookahead", "gemm_cannon", "gemm_cannon_overlap",
+           "grid_25d", "gemm_25d"]
 
 ONE_D_VARIANTS = ("allgather", "ring")
 

@@ -16,7 +16,7 @@ from kernels.errors import InputError
 from kernels.gemm_checks import square_grid
 
 
-def _shift(comm, buffer, position, distance):
+def shift(comm, buffer, position, distance):
     """Cyclic shift towards lower positions by ``distance`` over ``comm`` (``Sendrecv_replace``)."""
     distance %= comm.size
     if distance:
@@ -42,8 +42,8 @@ def _cannon_steps(A, B, q, first_step, steps, timings):
     product = np.zeros((A.local.shape[0], B.local.shape[1]), dtype=wide)
     for step in range(steps):
         with timed(timings, "comm"):
-            _shift(grid.row_comm, a_block, j, i + first_step if step == 0 else 1)
-            _shift(grid.col_comm, b_block, i, j + first_step if step == 0 else 1)
+            shift(grid.row_comm, a_block, j, i + first_step if step == 0 else 1)
+            shift(grid.col_comm, b_block, i, j + first_step if step == 0 else 1)
         with timed(timings, "compute"):
             product += a_block.astype(wide, copy=False) @ b_block.astype(wide, copy=False)
     return product

@@ -17,6 +17,11 @@ from kernels.gemm_checks import check_product
 BLAS_TYPES = "fdFD"   # float32, float64, complex64, complex128: the types BLAS GEMM updates in place
 
 
+def owner_of(index, length, parts):
+    """Block (of ``length`` items split in ``parts`` by `block_range`) holding item ``index``."""
+    return bisect_right(block_offsets(length, parts), index) - 1
+
+
 def _pieces(start, stop, length, parts):
     """Split ``[start, stop)`` at the block boundaries of ``length`` items in ``parts``.
 
@@ -25,7 +30,7 @@ def _pieces(start, stop, length, parts):
     offsets = block_offsets(length, parts) + [length]
     lo = start
     while lo < stop:
-        owner = bisect_right(offsets, lo) - 1
+        owner = owner_of(lo, length, parts)
         hi = min(stop, offsets[owner + 1])
         yield owner, lo, hi
         lo = hi
@@ -91,24 +96,31 @@ def gemm_summa(A, B, panel=256, timings=None):
             _broadcast_panel(grid.row_comm, a_panel_t, A.local.T, start, stop, k, j)
             _broadcast_panel(grid.col_comm, b_panel, B.local, start, stop, k, i)
         with timed(timings, "compute"):
-            _accumulate_product(product, a_panel_t[:stop - start], b_panel[:stop - start])
+            accumulate_product(product, a_panel_t[:stop - start].T, b_panel[:stop - start])
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
 
 
-def _accumulate_product(c, a_t, b):
-    """``c += a_t.T @ b`` in place; ``a_t`` and ``b`` are converted to ``c``'s type first.
+def _blas_operand(x):
+    """``(array, trans)`` handing ``x`` to BLAS without a copy when ``x`` or ``x.T`` is Fortran-ordered."""
+    return (x, 0) if x.flags.f_contiguous else (x.T, 1)
+
+
+def accumulate_product(c, a, b):
+    """``c += a @ b`` in place; ``a`` and ``b`` are converted to ``c``'s type first.
 
     For BLAS types, one GEMM with beta = 1 (no temporary, one pass over ``c``):
     ``c`` (m x n) is C-ordered, so it is updated as the Fortran-ordered ``c.T``:
-    ``c.T += b.T @ a_t``, where ``b.T`` and ``a_t.T`` are Fortran-ordered views.
+    ``c.T += b.T @ a.T``; an operand that is C-ordered (or the transposed view of
+    a C-ordered array) goes to BLAS as it is, with the matching transpose flag.
     Other types (integers) by NumPy's ``matmul`` and an in-place add: SciPy's BLAS
     wrapper would convert ``c`` to a float copy and update only that.
     """
-    if c.size == 0 or a_t.shape[0] == 0:
+    if c.size == 0 or a.shape[1] == 0:
         return
-    a_t, b = a_t.astype(c.dtype, copy=False), b.astype(c.dtype, copy=False)
+    a, b = a.astype(c.dtype, copy=False), b.astype(c.dtype, copy=False)
     if c.dtype.char not in BLAS_TYPES:
-        c += a_t.T @ b
+        c += a @ b
         return
+    (left, trans_left), (right, trans_right) = _blas_operand(b.T), _blas_operand(a.T)
     gemm = get_blas_funcs("gemm", (c,))
-    gemm(1.0, b.T, a_t.T, beta=1.0, c=c.T, trans_b=1, overwrite_c=True)
+    gemm(1.0, left, right, beta=1.0, c=c.T, trans_a=trans_left, trans_b=trans_right, overwrite_c=True)

@@ -3,9 +3,12 @@
 Size n: A, B and C are n x n. Variants: ``numpy`` (``A @ B``, one process with
 every core; the report's reference), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
 row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, setting ``GRID``, panel
-``GEMM_PANEL``), ``cannon`` (`gemm_cannon`; p a perfect square) and ``25d``
-(`gemm_25d` on a q x q x c grid, c = ``GEMM_REPLICAS``; c | p and p / c a
-perfect square). See `bench.families.blas` for inputs, settings and metrics.
+``GEMM_PANEL``), ``summa_lookahead`` (`gemm_summa_lookahead`: the same with the
+broadcast of panel t + 1 overlapping the GEMM of panel t), ``cannon``
+(`gemm_cannon`; p a perfect square), ``cannon_overlap`` (`gemm_cannon_overlap`:
+each shift overlapping a GEMM) and ``25d`` (`gemm_25d` on a q x q x c grid, c =
+``GEMM_REPLICAS``; c | p and p / c a perfect square). See `bench.families.blas`
+for inputs, settings and metrics.
 
 Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
 entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
@@ -13,7 +16,8 @@ against those rows of A times B regenerated ``CHUNK_ROWS`` rows at a time (each
 rank regenerates all of B: n^2 draws, no n x n temporary). 25d checks C on every layer.
 
 Metrics: gflops (2 n^3 flops), algbw = bytes sent per rank (cost model) / time,
-comm_share.
+comm_share (exposed communication / busy time; params ``exposed_comm_s`` beside
+``busy_s``, see `bench.families.blas`).
 """
 from functools import partial
 
@@ -23,7 +27,8 @@ from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Co
                                      seeded_matrix, seeded_rows)
 from bench.report.model import log2_ceil
 from kernels.distmatrix import DistMatrix
-from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa
+from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead
+from kernels.gemm_lookahead import summa_panels
 
 FULL_CHECK_N = 512
 SAMPLE_ROWS = 8
@@ -36,14 +41,16 @@ def _ceil_div(a, b):
 class Gemm(BlasCase):
     name = "gemm"
     benchmark = "gemm"
-    variants = ("numpy", "1d_ring", "1d_allgather", "summa", "cannon", "25d")
+    variants = ("numpy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "cannon", "cannon_overlap", "25d")
     size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
     default_sizes = "256:2K"
     metrics_help = "gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share"
     description = ("Distributed matrix product C = A B of seeded n x n matrices against one NumPy process using "
                    "every core. The kernels are 1D row blocks (B passed round a ring, or allgathered), SUMMA on a "
-                   "2D grid, Cannon on a square grid and the 2.5D algorithm with c replicas; each rank pins its "
-                   "share of the BLAS threads and splits its time into communication and computation.")
+                   "2D grid (plain, or with look-ahead: the next panels broadcast during the current GEMM), Cannon on "
+                   "a square grid (plain, or with each shift overlapping a GEMM) and the 2.5D algorithm with c "
+                   "replicas; each rank pins its share of the BLAS threads and splits its time into exposed "
+                   "communication and computation.")
     declared_settings = (GRID, PANEL, REPLICAS)
     work_exponent = 3
     compute_bound = True
@@ -56,7 +63,9 @@ class Gemm(BlasCase):
         A, B = (seeded_matrix(name, state.size, state.comm, layout, state.dtype) for name in "AB")
         kernels = {"numpy": library_kernel(np.matmul, A.local, B.local),
                    "1d_ring": partial(gemm_1d, A, B, "ring"), "1d_allgather": partial(gemm_1d, A, B, "allgather"),
-                   "summa": partial(gemm_summa, A, B, self.panel), "cannon": partial(gemm_cannon, A, B),
+                   "summa": partial(gemm_summa, A, B, self.panel),
+                   "summa_lookahead": partial(gemm_summa_lookahead, A, B, self.panel),
+                   "cannon": partial(gemm_cannon, A, B), "cannon_overlap": partial(gemm_cannon_overlap, A, B),
                    "25d": partial(gemm_25d, A, B)}
         state.data.update(layout=layout, A=A, B=B)
         state.kernel = kernels[state.variant]
@@ -85,7 +94,9 @@ class Gemm(BlasCase):
 
         1d: ``p - 1`` messages of ``n^2 / p`` words. summa with b = panel:
         ``(ceil(n/b) + pc) log2 pc + (ceil(n/b) + pr) log2 pr`` messages,
-        ``n^2 / pr log2 pc + n^2 / pc log2 pr`` words. cannon (c = 1) and 25d: s =
+        ``n^2 / pr log2 pc + n^2 / pc log2 pr`` words; summa_lookahead the same words
+        in ``P (log2 pc + log2 pr)`` messages, P = its number of panels
+        (`kernels.gemm_lookahead.summa_panels`). cannon, cannon_overlap (c = 1) and 25d: s =
         ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
         depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
         ``2 s ceil(n/q)^3`` flops.
@@ -94,11 +105,16 @@ class Gemm(BlasCase):
             return Cost(0, 0, 2 * n ** 3, 0)
         if variant.startswith("1d"):
             return Cost(p - 1, (p - 1) * n * n / p, 2 * n ** 3 / p, 0)
-        if variant == "summa":
+        if variant.startswith("summa"):
             rows, cols = self.grid_dims(variant, p)
-            panels = _ceil_div(n, min(self.panel, n))
-            return Cost((panels + cols) * log2_ceil(cols) + (panels + rows) * log2_ceil(rows),
-                        n * n / rows * log2_ceil(cols) + n * n / cols * log2_ceil(rows), 2 * n ** 3 / p, 0)
+            width = min(self.panel, n)
+            words = n * n / rows * log2_ceil(cols) + n * n / cols * log2_ceil(rows)
+            if variant == "summa_lookahead":
+                return Cost(len(summa_panels(n, width, rows, cols)) * (log2_ceil(cols) + log2_ceil(rows)), words,
+                            2 * n ** 3 / p, 0)
+            panels = _ceil_div(n, width)
+            return Cost((panels + cols) * log2_ceil(cols) + (panels + rows) * log2_ceil(rows), words,
+                        2 * n ** 3 / p, 0)
         q, replicas = self.grid_dims(variant, p)[0], (self.replicas if variant == "25d" else 1)
         steps, side = _ceil_div(q, replicas), _ceil_div(n, q)
         shifts = 2 * steps if q > 1 else 0
@@ -108,9 +124,10 @@ class Gemm(BlasCase):
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Blocks of A, B and C with each variant's buffers (see kernels.gemm), in entries:
         numpy ``3 n^2``; 1d ``3 L`` (``L = n ceil(n / p)``) plus a travelling block and a
-        product (ring) or all of B (allgather); summa ``3 L`` and two panels; cannon and 25d
-        ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies, product; 25d one more for the
-        depth allreduce); `CHUNK_ROWS` rows drawn at a time. The check regenerates the checked
+        product (ring) or all of B (allgather); summa ``3 L`` and two panels (four with
+        look-ahead); cannon and 25d ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies,
+        product; 25d one more for the depth allreduce, cannon_overlap two more for the next
+        blocks); `CHUNK_ROWS` rows drawn at a time. The check regenerates the checked
         rows of A (all rows up to `FULL_CHECK_N`) and `CHUNK_ROWS`-row slices of B in float64."""
         n, item = problem, np.dtype(dtype).itemsize
         rows = -(-n // ranks)
@@ -119,12 +136,12 @@ class Gemm(BlasCase):
             entries = 3 * n * n
         elif variant.startswith("1d"):
             entries = 3 * local + (2 * local if variant == "1d_ring" else n * n)
-        elif variant == "summa":
-            entries = 3 * local + 2 * min(self.panel, n) * n
+        elif variant.startswith("summa"):
+            entries = 3 * local + (4 if variant == "summa_lookahead" else 2) * min(self.panel, n) * n
         else:
             q = self.grid_dims(variant, ranks)[0]
             rows = _ceil_div(n, q)
-            entries = (8 if variant == "25d" else 7) * rows * rows
+            entries = {"25d": 8, "cannon_overlap": 9}.get(variant, 7) * rows * rows
         arrays = (entries + CHUNK_ROWS * n) * item + 16 * n
         checked = rows if n <= FULL_CHECK_N else min(rows, SAMPLE_ROWS)
         return arrays + (8 * (3 * CHUNK_ROWS * n + 4 * checked * n) if check else 0)

@@ -15,9 +15,9 @@ count, i.e. a kernel on one rank against the library.
 Weak scaling keeps the work per rank fixed: n is multiplied by p^(1/e) for work
 growing as n^e (rounded to an integer).
 
-Settings (declared below: `GRID` for gemv and gemm, `PANEL` and `REPLICAS` for
-gemm; recorded in ``params``): a grid without ``ranks`` ranks is an InputError
-(skipped with a note in sweeps that do not name the variant).
+Settings (declared below: `GRID` for gemv 2d and gemm summa / summa_lookahead,
+`PANEL` and `REPLICAS` for gemm; recorded in ``params``): a grid without ``ranks``
+ranks is an InputError (skipped with a note in sweeps that do not name the variant).
 
 Inputs. Row i of a global matrix M (A, B; the vectors x and y are the rows of a
 matrix ``VECTOR_ROW`` wide, read in order) is drawn from the generator seeded
@@ -35,7 +35,9 @@ GEMM): the rounding bound of any summation order, for result and reference.
 Metrics: gflops (nominal flops of the suite / time), metric ``comm_share`` =
 communication seconds / (communication + computation) seconds, summed over ranks
 and runs, from the kernels' ``timings`` (waiting for a late rank counts as
-communication). params: layout (grid shape), panel (summa), replicas (25d),
+communication; for the overlapping GEMMs only the exposed part: posting and waiting on
+requests). params: exposed_comm_s and busy_s (those seconds per run, mean over ranks),
+layout (grid shape), panel (summa, summa_lookahead), replicas (25d),
 comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup).
 """
 import math
@@ -59,7 +61,8 @@ MATRIX_IDS = {"A": 1, "B": 2, "x": 3, "y": 4}
 VECTOR_ROW = 1 << 16      # a seeded vector is the rows of a matrix this wide, read in order
 CHUNK_ROWS = 256          # rows generated at a time (bounds the temporaries)
 WORD = 8                  # the cost models count float64 words
-GRID_VARIANTS = ("2d", "summa")
+GRID_VARIANTS = ("2d", "summa", "summa_lookahead")
+CANNON_VARIANTS = ("cannon", "cannon_overlap")
 
 #: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
 Cost = namedtuple("Cost", "messages words flops stream_words")
@@ -161,8 +164,8 @@ class BlasCase(Case):
                              f"it runs on 1 rank, not {ranks}")
         if variant in GRID_VARIANTS and self.grid and self.grid[0] * self.grid[1] != ranks:
             raise InputError(f"MLSCALE_GRID={self.grid[0]}x{self.grid[1]} does not fit {ranks} ranks")
-        if variant == "cannon" and math.isqrt(ranks) ** 2 != ranks:
-            raise InputError(f"cannon needs a perfect square rank count, not {ranks}")
+        if variant in CANNON_VARIANTS and math.isqrt(ranks) ** 2 != ranks:
+            raise InputError(f"{variant} needs a perfect square rank count, not {ranks}")
         if variant == "25d" and (ranks % self.replicas or math.isqrt(ranks // self.replicas) ** 2 * self.replicas
                                  != ranks):
             raise InputError(f"25d needs c | p and p / c a perfect square with c = MLSCALE_GEMM_REPLICAS = "
@@ -175,7 +178,7 @@ class BlasCase(Case):
         """Process-grid shape of ``variant`` on ``ranks`` ranks; None for the 1D layouts."""
         if variant in GRID_VARIANTS:
             return self.grid or tuple(MPI.Compute_dims(ranks, [0, 0]))
-        if variant == "cannon":
+        if variant in CANNON_VARIANTS:
             return (math.isqrt(ranks),) * 2
         if variant == "25d":
             return (math.isqrt(ranks // self.replicas),) * 2 + (self.replicas,)
@@ -207,7 +210,7 @@ class BlasCase(Case):
         words = self.cost(variant, size, comm.size).words
         state.params = dict(layout=label, comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize),
                             blas_threads=_blas_threads())
-        if variant == "summa":
+        if variant.startswith("summa"):
             state.params["panel"] = self.panel
         if variant == "25d":
             state.params["replicas"] = self.replicas
@@ -221,6 +224,8 @@ class BlasCase(Case):
         """Rates of the point; collective (one small ``Allreduce`` of the phase times)."""
         spent = np.array([state.timings.get("comm", 0.0), sum(state.timings.values())])
         state.comm.Allreduce(MPI.IN_PLACE, spent, op=MPI.SUM)
+        per_run = max(1, state.runs) * state.comm.size
+        state.params.update(exposed_comm_s=round(spent[0] / per_run, 6), busy_s=round(spent[1] / per_run, 6))
         rates = dict(gflops=self.flops(state.size) / seconds / 1e9, **self.rates(state, seconds)) if seconds > 0 else {}
         return Metrics(metric="comm_share", metric_value=spent[0] / spent[1] if spent[1] > 0 else 0.0, **rates)
 

@@ -8,7 +8,8 @@ from mpi4py import MPI
 from kernels.distmatrix import DistMatrix
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_summa, grid_25d
+from kernels.gemm import (gemm_1d, gemm_25d, gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead,
+                          grid_25d)
 
 # (m, k, n): uneven splits, 1-row / 1-column / 1-inner edges, sizes below the rank count, k = 0.
 SIZES = [(7, 9, 5), (1, 9, 5), (7, 1, 5), (7, 9, 1), (2, 3, 2), (3, 0, 2)]
@@ -122,8 +123,11 @@ def multiply_by_every_variant(comm):
     for dims in [(0, 0), (1, 0), (0, 1)]:
         variants.append((f"summa_{dims}", ProcessGrid(comm, dims),
                          lambda A, B, t: gemm_summa(A, B, panel=1, timings=t)))
+        variants.append((f"summa_lookahead_{dims}", ProcessGrid(comm, dims),
+                         lambda A, B, t: gemm_summa_lookahead(A, B, panel=1, timings=t)))
     if math.isqrt(comm.size) ** 2 == comm.size:
         variants.append(("cannon", ProcessGrid(comm), lambda A, B, t: gemm_cannon(A, B, timings=t)))
+        variants.append(("cannon_overlap", ProcessGrid(comm), lambda A, B, t: gemm_cannon_overlap(A, B, timings=t)))
     for replicas in range(1, comm.size + 1):
         layers = comm.size // replicas
         if comm.size % replicas == 0 and math.isqrt(layers) ** 2 == layers:

@@ -21,8 +21,8 @@ CASES = {"blas1": Blas1, "gemv": Gemv, "gemm": Gemm}
     ("blas1", "1001", {"numpy_dot": "1", "numpy_nrm2": "1", "numpy_axpy": "1", "dot": "12", "nrm2": "12",
                        "axpy": "12"}),
     ("gemv", "13", {"numpy": "1", "rows": "12", "cols": "12", "2d": "12"}),
-    ("gemm", "13", {"numpy": "1", "1d_ring": "12", "1d_allgather": "12", "summa": "12", "cannon": "1",
-                    "25d": "2"}),
+    ("gemm", "13", {"numpy": "1", "1d_ring": "12", "1d_allgather": "12", "summa": "12", "summa_lookahead": "12",
+                    "cannon": "1", "cannon_overlap": "1", "25d": "2"}),
 ])
 def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, expected):
     path = str(tmp_path / "out.csv")
@@ -39,6 +39,7 @@ def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, exp
         params, ranks = json.loads(row["params"]), int(row["ranks"])
         assert params["problem_size"] == case.problem_size(int(size), ranks, "weak")
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
+        assert 0 <= params["exposed_comm_s"] <= params["busy_s"]
         assert float(row["gflops"]) > 0
         if row["variant"].startswith("numpy"):
             assert params["layout"] == "1 process" and params["comm_bytes_per_rank"] == 0
@@ -52,11 +53,12 @@ def test_gemm_on_three_ranks_runs_the_non_square_variants(tmp_path):
                                "--warmup", "0", "--dtype", "float32", "--csv", path)
     assert status == 0, err
     rows = rows_of(path)
-    assert sorted(row["variant"] for row in rows) == ["1d_allgather", "1d_ring", "summa"]
+    assert sorted(row["variant"] for row in rows) == ["1d_allgather", "1d_ring", "summa", "summa_lookahead"]
     assert {row["wrong"] for row in rows} == {"0"}
-    summa = next(row for row in rows if row["variant"] == "summa")
-    assert json.loads(summa["params"])["layout"] == "3x1" and json.loads(summa["params"])["panel"] == 256
+    for summa in (row for row in rows if row["variant"].startswith("summa")):
+        assert json.loads(summa["params"])["layout"] == "3x1" and json.loads(summa["params"])["panel"] == 256
     assert "skipped cannon on 3 ranks: cannon needs a perfect square" in out
+    assert "skipped cannon_overlap on 3 ranks: cannon_overlap needs a perfect square" in out
     assert "skipped 25d on 3 ranks" in out
 
 
@@ -73,6 +75,8 @@ def test_gemv_on_three_ranks_with_a_chosen_grid(tmp_path):
 
 @pytest.mark.parametrize("args, environment, message", [
     (["--np", "3", "--variants", "cannon"], {}, "cannon needs a perfect square rank count, not 3"),
+    (["--np", "2", "--variants", "cannon_overlap"], {}, "cannon_overlap needs a perfect square rank count, not 2"),
+    (["--np", "2", "--variants", "summa_lookahead"], {"MLSCALE_GRID": "1x3"}, "MLSCALE_GRID=1x3 does not fit 2"),
     (["--np", "2", "--variants", "summa"], {"MLSCALE_GRID": "2x2"}, "MLSCALE_GRID=2x2 does not fit 2 ranks"),
     (["--np", "1"], {"MLSCALE_GEMM_PANEL": "0"}, "MLSCALE_GEMM_PANEL='0': expected an integer >= 1"),
 ])
@@ -118,7 +122,7 @@ def _ran_once(case, variant, n, corrupt=None):
 def test_checks_count_nan_and_wrong_entries():
     n = 9
     nonzero_b_row = np.count_nonzero(seeded_rows("B", [0], n))
-    for variant in ("numpy", "summa"):
+    for variant in ("numpy", "summa", "summa_lookahead", "cannon_overlap"):
         assert _ran_once(Gemm(), variant, n) == 0
         assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), np.nan)) == n
         assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), 2.0)) == nonzero_b_row
@@ -137,6 +141,11 @@ def test_cost_models():
     assert gemm.predict("summa", 200, 4, compute_only) == pytest.approx(8 * gemm.predict("summa", 100, 4,
                                                                                         compute_only))
     assert gemm.predict("summa", 1000, 4, calib) > gemm.predict("summa", 1000, 4, compute_only)
+    for plain, overlapped in (("summa", "summa_lookahead"), ("cannon", "cannon_overlap")):
+        assert gemm.cost(overlapped, 1000, 4).words == gemm.cost(plain, 1000, 4).words
+        assert gemm.memory_bytes(1000, 4, overlapped, "float64") > gemm.memory_bytes(1000, 4, plain, "float64")
+    # 2 x 2 grid: k = 1000 cut at the block boundary 500, two panels of 250 per half; 2 one-step Ibcasts each.
+    assert gemm.cost("summa_lookahead", 1000, 4).messages == 4 * 2
     latency_only = dict(calib, alpha_s=1.0, beta_s_per_byte=0.0, memcpy_bytes_per_s=1e300)
     assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(3.0)
     assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(2.0)
