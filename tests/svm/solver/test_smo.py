@@ -106,9 +106,9 @@ def test_a_tiny_cache_gives_the_same_solution(monkeypatch):
     largest = []
     row = KernelRowCache.row
 
-    def watched_row(cache, index):
+    def watched_row(cache, index, candidates=None):
         largest.append(cache.nbytes)
-        return row(cache, index)
+        return row(cache, index, candidates)
 
     monkeypatch.setattr(KernelRowCache, "row", watched_row)
     tiny = SVC(cache_bytes=3 * len(X) * 8).fit(X, y)
