@@ -17,6 +17,10 @@ KERNEL_NAMES = ("linear", "poly", "rbf", "sigmoid")
 BLOCK_BYTES = 32 * 2**20
 #: Rows `KernelRowCache` computes by one matrix product on a miss (the row asked for and candidates).
 BLOCK_ROWS = 128
+#: Columns' bytes (``X[columns]``) from which `KernelRowCache` computes rows in blocks: below, a
+#: matrix-vector product reads ``X`` from the CPU cache and blocks gain nothing (and small problems
+#: keep the rounding of one row per product, which Dis-SMO's iterates reproduce exactly).
+BATCH_BYTES = 4 * 2**20
 
 
 def squared_norms(A):
@@ -198,7 +202,8 @@ class KernelRowCache:
         """Return ``K(x_index, X[columns])`` (do not modify it).
 
         ``candidates`` (called on a miss only) returns sample indices in order of
-        likely use: the first uncached ones, up to ``block_rows - 1`` and a quarter
+        likely use: when ``X[columns]`` holds at least `BATCH_BYTES`, the first
+        uncached ones, up to ``block_rows - 1`` and a quarter
         of the rows the cache can hold, are computed in the same matrix product
         and cached (the row asked for as the most recently used).
         """
@@ -209,7 +214,7 @@ class KernelRowCache:
         self.misses += 1
         extra = min(self.block_rows, self._room(8 * len(self.X_columns)) // 4) - 1
         block = [index]
-        if extra > 0 and candidates is not None:
+        if extra > 0 and candidates is not None and self.X_columns.nbytes >= BATCH_BYTES:
             block += [i for i in candidates() if i != index and i not in self._rows][:extra]
         rows = self.kernel.block(self.X[block[::-1]], self.X_columns, self.sqnorms)
         for i, computed in zip(block[::-1], rows):
