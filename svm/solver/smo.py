@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.errors import InputError
 from svm.solver.gram import KernelRowCache, kernel_product
-from svm.solver.kkt import SNAP, TAU, bias_from_parts, bias_parts, extremes, pair_step, snap, up_low  # noqa: F401 (re-exported for Dis-SMO and Cascade)
+from svm.solver.kkt import TAU, bias_from_parts, bias_parts, extremes, pair_step, snap, up_low  # noqa: F401 (re-exported for Dis-SMO and Cascade)
 
 DEFAULT_CACHE_BYTES = 200 * 10**6
 
