@@ -13,8 +13,14 @@ from kernels.errors import InputError
 
 KERNEL_NAMES = ("linear", "poly", "rbf", "sigmoid")
 
-#: Largest kernel block (bytes) built at once by `kernel_product`.
+#: Largest kernel block (bytes) built at once by `kernel_product` and `KernelRowCache.widen`.
 BLOCK_BYTES = 32 * 2**20
+#: Rows `KernelRowCache` computes by one matrix product on a miss (the row asked for and candidates).
+BLOCK_ROWS = 128
+#: Columns' bytes (``X[columns]``) from which `KernelRowCache` computes rows in blocks: below, a
+#: matrix-vector product reads ``X`` from the CPU cache and blocks gain nothing (and small problems
+#: keep the rounding of one row per product, which Dis-SMO's iterates reproduce exactly).
+BATCH_BYTES = 4 * 2**20
 
 
 def squared_norms(A):
@@ -141,10 +147,13 @@ def kernel_product(kernel, A, B, coef, block_bytes=BLOCK_BYTES):
 class KernelRowCache:
     """Least-recently-used cache of kernel rows ``K(x_i, X[columns])``.
 
-    Rows are computed on demand (one matrix-vector product each) and kept
-    while their total size stays within ``max_bytes``; the least recently
-    used rows are evicted first. ``columns`` may be narrowed (shrinking), which
-    slices the cached rows, or reset to all samples, which empties the cache.
+    A missing row is computed by BLAS from the cached squared norms: one
+    matrix-vector product, or one matrix product for the missing row and up to
+    ``block_rows - 1`` rows the caller expects to need soon (``candidates``), which
+    reads ``X`` once for all of them. Rows are kept while their total size stays
+    within ``max_bytes``; the least recently used rows are evicted first.
+    ``columns`` may be narrowed (shrinking), which slices the cached rows; `widen`
+    completes them to all samples again, `set_columns` to all samples empties the cache.
 
     Parameters
     ----------
@@ -154,12 +163,15 @@ class KernelRowCache:
     max_bytes : int
         Bound on the bytes held by cached rows; with less than one row's worth
         nothing is kept and every row is recomputed.
+    block_rows : int
+        Most rows computed by one matrix product (1: one row per product).
     """
 
-    def __init__(self, kernel, X, max_bytes):
+    def __init__(self, kernel, X, max_bytes, block_rows=BLOCK_ROWS):
         self.kernel = kernel
         self.X = X
         self.max_bytes = int(max_bytes)
+        self.block_rows = max(1, int(block_rows))
         self.nbytes = 0
         self.misses = 0
         self._rows = OrderedDict()
@@ -182,17 +194,87 @@ class KernelRowCache:
             self._rows = OrderedDict((i, row[keep]) for i, row in self._rows.items() if i in kept)
         self.nbytes = sum(row.nbytes for row in self._rows.values())
 
-    def row(self, index):
-        """Return ``K(x_index, X[columns])`` (do not modify it)."""
+    def _room(self, row_bytes):
+        """How many rows of ``row_bytes`` fit within ``max_bytes``."""
+        return self.max_bytes // row_bytes if row_bytes else len(self.X)
+
+    def row(self, index, candidates=None):
+        """Return ``K(x_index, X[columns])`` (do not modify it).
+
+        ``candidates`` (called on a miss only) returns sample indices in order of
+        likely use: when ``X[columns]`` holds at least `BATCH_BYTES`, the first
+        uncached ones, up to ``block_rows - 1`` and a quarter
+        of the rows the cache can hold, are computed in the same matrix product
+        and cached (the row asked for as the most recently used).
+        """
         row = self._rows.get(index)
         if row is not None:
             self._rows.move_to_end(index)
             return row
         self.misses += 1
-        row = self.kernel.block(self.X[index:index + 1], self.X_columns, self.sqnorms)[0]
-        if row.nbytes <= self.max_bytes:
-            while self.nbytes + row.nbytes > self.max_bytes:
-                self.nbytes -= self._rows.popitem(last=False)[1].nbytes
-            self._rows[index] = row
-            self.nbytes += row.nbytes
-        return row
+        extra = min(self.block_rows, self._room(8 * len(self.X_columns)) // 4) - 1
+        block = [index]
+        if extra > 0 and candidates is not None and self.X_columns.nbytes >= BATCH_BYTES:
+            block += [i for i in candidates() if i != index and i not in self._rows][:extra]
+        rows = self.kernel.block(self.X[block[::-1]], self.X_columns, self.sqnorms)
+        for i, computed in zip(block[::-1], rows):
+            self._insert(i, computed.copy() if len(block) > 1 else computed)
+        return rows[-1]
+
+    def _insert(self, index, row):
+        """Cache ``row`` as the most recently used (evicting the least recently used) if it fits."""
+        if row.nbytes > self.max_bytes:
+            return
+        while self.nbytes + row.nbytes > self.max_bytes:
+            self.nbytes -= self._rows.popitem(last=False)[1].nbytes
+        self._rows[index] = row
+        self.nbytes += row.nbytes
+
+    def widen(self, rows, coef, block_bytes=BLOCK_BYTES):
+        """Make rows span all samples again, completing cached rows; return ``K(X[new], X[rows]) @ coef``.
+
+        The columns added (``new``: the samples outside ``columns``, in order) are
+        computed for the cached rows (the most recently used ones that fit at full
+        length; older ones are dropped) and for ``rows`` in blocked matrix products
+        of at most ``block_bytes``, so a solver rebuilds its gradient on ``new`` from
+        the same products that complete its cache. Cost: ``2 |rows + cached| |new| d`` flops.
+
+        Parameters
+        ----------
+        rows : ndarray of shape (k,)
+            Sample indices whose kernel columns ``coef`` weighs.
+        coef : ndarray of shape (k,)
+
+        Returns
+        -------
+        ndarray of shape (n_new,)
+        """
+        n = len(self.X)
+        if self.columns is None:
+            return np.zeros(0)
+        new = np.ones(n, dtype=bool)
+        new[self.columns] = False
+        new = np.flatnonzero(new)
+        weight = np.zeros(n)
+        weight[rows] = coef
+        for _ in range(max(0, len(self._rows) - self._room(8 * n))):
+            self.nbytes -= self._rows.popitem(last=False)[1].nbytes
+        needed = np.union1d(np.fromiter(self._rows, dtype=np.int64, count=len(self._rows)), rows)
+        product = np.zeros(len(new))
+        X_new = self.X[new]
+        new_sqnorms = squared_norms(X_new)
+        step = max(1, block_bytes // (8 * max(1, len(new))))
+        for start in range(0, len(needed), step):
+            chunk = needed[start:start + step]
+            block = self.kernel.block(self.X[chunk], X_new, new_sqnorms)
+            product += weight[chunk] @ block
+            for i, part in zip(chunk.tolist(), block):
+                cached = self._rows.get(i)
+                if cached is not None:
+                    full = np.empty(n)
+                    full[new] = part
+                    full[self.columns] = cached
+                    self._rows[i] = full
+        self.columns, self.X_columns, self.sqnorms = None, self.X, squared_norms(self.X)
+        self.nbytes = sum(row.nbytes for row in self._rows.values())
+        return product

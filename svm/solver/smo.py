@@ -14,10 +14,9 @@ import numpy as np
 
 from kernels.errors import InputError
 from svm.solver.gram import KernelRowCache, kernel_product
+from svm.solver.kkt import TAU, bias_from_parts, bias_parts, extremes, pair_step, snap, up_low  # noqa: F401 (re-exported for Dis-SMO and Cascade)
 
 DEFAULT_CACHE_BYTES = 200 * 10**6
-TAU = 1e-12  # stands in for a non-positive a_ij = K_ii + K_jj - 2 K_ij
-SNAP = 1e-12  # an alpha within SNAP * C of a bound is put on it (rounding must not make it free)
 
 
 class ConvergenceWarning(UserWarning):
@@ -72,67 +71,6 @@ def check_solver_options(C, tol, max_iter):
         raise InputError(f"max_iter must be None or a positive integer, got {max_iter!r}")
 
 
-def up_low(alpha, y, C):
-    """Masks of I_up (alpha_i may move along y_i) and I_low (along -y_i)."""
-    positive = y > 0
-    return positive & (alpha < C) | ~positive & (alpha > 0), positive & (alpha > 0) | ~positive & (alpha < C)
-
-
-def _extremes(F, up, low):
-    """``m = max F over I_up`` (-inf if empty) and ``M = min F over I_low`` (inf if empty)."""
-    m = np.max(F, where=up, initial=-np.inf)
-    return float(m), float(np.min(F, where=low, initial=np.inf))
-
-
-def snap(alpha, C):
-    """``alpha`` (array or scalar) with values within ``SNAP * C`` of 0 or ``C`` put on that bound."""
-    tolerance = SNAP * C
-    return np.where(alpha < tolerance, 0.0, np.where(alpha > C - tolerance, C, alpha))
-
-
-def pair_step(C, y_i, y_j, alpha_i, alpha_j, F_i, F_j, curvature):
-    """Clipped Newton step ``t`` of the pair (i up by ``y_i t``, j down by ``y_j t``); return ``(t, new a_i, new a_j)``.
-
-    A new alpha that lands within ``SNAP * C`` of a bound (``C - a_i + a_j`` rounds
-    differently from the room it was clipped to) is put on the bound, so that it
-    does not count as free. Shared by `smo_solve` and `svm.distributed.dis_smo` (same iterates).
-    """
-    step = (F_i - F_j) / (curvature if curvature > 0 else TAU)
-    room_i = C - alpha_i if y_i > 0 else alpha_i
-    room_j = alpha_j if y_j > 0 else C - alpha_j
-    step = min(step, room_i, room_j)
-    new_i = (C if y_i > 0 else 0.0) if step == room_i else float(snap(alpha_i + y_i * step, C))
-    new_j = (0.0 if y_j > 0 else C) if step == room_j else float(snap(alpha_j - y_j * step, C))
-    return step, new_i, new_j
-
-
-def bias_parts(F, alpha, y, C):
-    """Terms of the bias over some samples: ``[sum of F over free alphas, free count, m, M]``.
-
-    Blocks that together hold every sample each give their parts; `bias_from_parts`
-    combines them (sums add, ``m`` takes the max, ``M`` the min). Empty blocks give
-    ``[0, 0, -inf, inf]``.
-    """
-    m, M = _extremes(F, *up_low(alpha, y, C))
-    free = (alpha > 0) & (alpha < C)
-    return np.array([F[free].sum(), np.count_nonzero(free), m, M])
-
-
-def bias_from_parts(parts):
-    """LIBSVM's bias (``-rho`` of ``calculate_rho``) from `bias_parts` of blocks, shape ``(blocks, 4)`` or ``(4,)``.
-
-    The mean of ``F`` over the free alphas; without a free alpha, the midpoint
-    ``(m + M) / 2`` of the interval of feasible biases, taken over *all* samples
-    (the bounded ones decide it; one class alone: the finite end).
-    """
-    parts = np.atleast_2d(parts)
-    free_sum, n_free = parts[:, 0].sum(), parts[:, 1].sum()
-    if n_free > 0:
-        return float(free_sum / n_free)
-    m, M = float(parts[:, 2].max()), float(parts[:, 3].min())
-    return (m + M) / 2 if np.isfinite(m) and np.isfinite(M) else (m if np.isfinite(m) else M)
-
-
 class _Solver:
     """State of one SMO run; the active set shrinks as in LIBSVM (``active is None``: all)."""
 
@@ -153,6 +91,7 @@ class _Solver:
         self.a, self.f = self.alpha[where], self.F[where]
         self.ya, self.qd = self.y[where], self.diag[where]
         self.up, self.low = up_low(self.a, self.ya, self.C)
+        self.work = np.empty(len(self.a))
 
     def _store(self):
         if self.active is not None:
@@ -160,6 +99,21 @@ class _Solver:
 
     def _global(self, index):
         return index if self.active is None else int(self.active[index])
+
+    def _candidates(self):
+        """Global indices of the active samples nearest to entering a working pair, nearest first.
+
+        Called by the cache on a miss: their rows are computed in the same matrix
+        product. A sample's distance is ``m - F`` in I_up and ``F - M`` in I_low
+        (the smaller when in both); the 2 ``block_rows`` nearest are returned.
+        """
+        up = np.where(self.up, self.f, -np.inf)
+        low = np.where(self.low, self.f, np.inf)
+        distance = np.minimum(up.max() - up, low - low.min())
+        count = min(len(distance), 2 * self.cache.block_rows)
+        nearest = np.argpartition(distance, count - 1)[:count]
+        nearest = nearest[np.argsort(distance[nearest], kind="stable")]
+        return (nearest if self.active is None else self.active[nearest]).tolist()
 
     def select(self):
         """Return ``(i, j, K row of i)`` by the second-order rule, or None when ``m - M < tol``.
@@ -173,7 +127,7 @@ class _Solver:
         m = f[i] if self.up[i] else -np.inf
         if m - f_low.min() < self.tol:
             return None
-        row_i = self.cache.row(self._global(i))
+        row_i = self.cache.row(self._global(i), self._candidates)
         b = m - f_low
         a = self.qd[i] + self.qd - 2.0 * row_i
         np.maximum(a, TAU, out=a)
@@ -182,11 +136,11 @@ class _Solver:
 
     def update(self, i, j, row_i):
         """Move ``alpha_i`` by ``y_i t`` and ``alpha_j`` by ``-y_j t`` with the clipped Newton step t."""
-        row_j = self.cache.row(self._global(j))
+        row_j = self.cache.row(self._global(j), self._candidates)
         a, C = self.a, self.C
         curvature = self.qd[i] + self.qd[j] - 2.0 * row_i[j]
         step, a[i], a[j] = pair_step(C, self.ya[i], self.ya[j], a[i], a[j], self.f[i], self.f[j], curvature)
-        change = row_i - row_j
+        change = np.subtract(row_i, row_j, out=self.work)
         change *= step
         self.f -= change
         for k in (i, j):
@@ -197,7 +151,7 @@ class _Solver:
 
         Returns the new ``unshrunk`` flag.
         """
-        m, M = _extremes(self.f, self.up, self.low)
+        m, M = extremes(self.f, self.up, self.low)
         if not unshrunk and m - M <= 10 * self.tol:
             unshrunk = True
             self.unshrink()
@@ -211,17 +165,20 @@ class _Solver:
         return unshrunk
 
     def unshrink(self):
-        """Recompute ``F`` of the inactive samples (one blocked kernel product) and activate all."""
+        """Recompute ``F`` of the inactive samples and activate all.
+
+        The kernel columns of the inactive samples are computed once, in blocked
+        matrix products, for the support vectors (``F``) and for the cached rows
+        (which then span all samples again: `KernelRowCache.widen`).
+        """
         if self.active is None:
             return
         self._store()
         inactive = np.ones(len(self.y), dtype=bool)
         inactive[self.active] = False
         support = np.flatnonzero(self.alpha)
-        coef = (self.alpha * self.y)[support]
-        self.F[inactive] = self.y[inactive] - kernel_product(self.kernel, self.X[inactive], self.X[support], coef)
+        self.F[inactive] = self.y[inactive] - self.cache.widen(support, (self.alpha * self.y)[support])
         self.active = None
-        self.cache.set_columns(None)
         self._load()
 
     def run(self, max_iter):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from kernels.errors import InputError
+from svm.solver import gram
 from svm.solver.gram import KernelRowCache, kernel_product, make_kernel, resolve_gamma
 
 RNG = np.random.default_rng(7)
@@ -114,3 +115,47 @@ def test_cache_columns_narrow_by_slicing_and_reset_to_all():
     cache.set_columns(None)
     assert cache.nbytes == 0
     np.testing.assert_allclose(cache.row(7), full[7])
+
+
+def test_a_miss_computes_the_candidates_rows_in_the_same_product(monkeypatch):
+    monkeypatch.setattr(gram, "BATCH_BYTES", 0)
+    kernel = make_kernel("rbf", B, gamma=0.2)
+    full = kernel.block(B, B)
+    cache = KernelRowCache(kernel, B, max_bytes=12 * 13 * 8, block_rows=3)  # room 12: a quarter is 3 rows
+    asked = []
+    row = cache.row(4, lambda: asked.append(1) or [4, 9, 2, 7])
+    np.testing.assert_allclose(row, full[4], rtol=1e-13)
+    assert asked == [1] and cache.misses == 1 and list(cache._rows) == [2, 9, 4]  # asked-for row most recent
+    for index in (9, 2, 4):
+        np.testing.assert_allclose(cache.row(index, lambda: asked.append(2) or [0]), full[index], rtol=1e-13)
+    assert asked == [1] and cache.misses == 1  # hits do not ask for candidates
+    cache.row(7, lambda: [9, 0, 1])  # cached candidates are skipped
+    assert set(cache._rows) == {0, 1, 2, 4, 7, 9} and cache.nbytes == 6 * 13 * 8
+
+
+@pytest.mark.parametrize("room, batch_bytes", [(7, 0), (100, 13 * 4 * 8 + 1)])
+def test_candidates_are_ignored_for_a_small_cache_or_small_columns(monkeypatch, room, batch_bytes):
+    monkeypatch.setattr(gram, "BATCH_BYTES", batch_bytes)
+    cache = KernelRowCache(make_kernel("linear", B), B, max_bytes=room * 13 * 8)
+    cache.row(3, lambda: [5, 6])
+    assert list(cache._rows) == [3] and cache.misses == 1
+
+
+@pytest.mark.parametrize("room", [13, 2])
+def test_widen_completes_cached_rows_and_returns_the_product_on_the_new_columns(room):
+    kernel = make_kernel("rbf", B, gamma=0.3)
+    full = kernel.block(B, B)
+    cache = KernelRowCache(kernel, B, max_bytes=room * 13 * 8, block_rows=1)
+    cache.row(2), cache.row(5), cache.row(6)
+    keep = np.ones(13, dtype=bool)
+    keep[[1, 3, 8, 12]] = False
+    cache.set_columns(np.flatnonzero(keep), keep)
+    rows, coef = np.array([0, 5, 11]), np.array([0.5, -1.0, 2.0])
+    product = cache.widen(rows, coef, block_bytes=8)
+    np.testing.assert_allclose(product, full[[1, 3, 8, 12]][:, rows] @ coef, rtol=1e-13)
+    assert cache.columns is None and list(cache._rows) == [2, 5, 6][-room:]  # the most recent that fit
+    assert cache.nbytes == len(cache._rows) * 13 * 8
+    for index in list(cache._rows):
+        np.testing.assert_allclose(cache.row(index), full[index], rtol=1e-13)
+    assert cache.misses == 3
+    assert cache.widen(rows, coef).shape == (0,)  # already spanning all samples

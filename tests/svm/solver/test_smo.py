@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from kernels.errors import InputError
+from svm.solver import gram
 from svm.solver.gram import KernelRowCache, make_kernel
 from svm.solver.smo import ConvergenceWarning, bias_from_parts, bias_parts, pair_step, smo_solve
 from svm.solver.svc import SVC
@@ -106,9 +107,9 @@ def test_a_tiny_cache_gives_the_same_solution(monkeypatch):
     largest = []
     row = KernelRowCache.row
 
-    def watched_row(cache, index):
+    def watched_row(cache, index, candidates=None):
         largest.append(cache.nbytes)
-        return row(cache, index)
+        return row(cache, index, candidates)
 
     monkeypatch.setattr(KernelRowCache, "row", watched_row)
     tiny = SVC(cache_bytes=3 * len(X) * 8).fit(X, y)
@@ -276,3 +277,43 @@ def test_bad_solver_and_prediction_input_raises():
         model.predict(X[:, :5])
     with pytest.raises(InputError):
         model.decision_function(np.full_like(X, np.nan))
+
+
+def test_rows_in_blocks_give_the_solution_of_one_row_per_product_and_of_libsvm(monkeypatch):
+    # Data no other test uses; one row per product is the solver before rows were blocked.
+    X, y = datasets.make_classification(n_samples=700, n_features=20, n_informative=8, flip_y=0.08,
+                                        class_sep=0.7, random_state=11)
+    X = standardised(X)
+    monkeypatch.setattr(gram, "BATCH_BYTES", 0)
+    blocked, reference = fit_both(X, y, C=2.0, gamma="scale")
+    assert_models_agree(blocked, reference, X)
+    monkeypatch.setattr(KernelRowCache.__init__, "__defaults__", (1,))
+    single = SVC(C=2.0, gamma="scale").fit(X, y)
+    assert single.n_iter_[0] == blocked.n_iter_[0]
+    np.testing.assert_array_equal(single.support_, blocked.support_)
+    np.testing.assert_allclose(single.dual_coef_, blocked.dual_coef_, rtol=0, atol=1e-10)
+    assert single.dual_objective_[0] == pytest.approx(blocked.dual_objective_[0], rel=1e-12)
+
+
+def test_unshrinking_keeps_the_cached_rows(monkeypatch):
+    X, y = datasets.make_classification(n_samples=1500, n_features=10, flip_y=0.2, random_state=5)
+    X, y = standardised(X), np.where(y == 1, 1.0, -1.0)
+    kernel = make_kernel("rbf", X)
+    inserted, widened = [], []
+    insert, widen = KernelRowCache._insert, KernelRowCache.widen
+
+    def watched_insert(cache, index, row):
+        inserted.append(index)
+        insert(cache, index, row)
+
+    def watched_widen(cache, rows, coef):
+        widened.append(len(cache._rows))
+        return widen(cache, rows, coef)
+
+    monkeypatch.setattr(KernelRowCache, "_insert", watched_insert)
+    monkeypatch.setattr(KernelRowCache, "widen", watched_widen)
+    result = smo_solve(X, y, kernel, C=1.0, tol=1e-3)
+    assert widened and max(widened) > 0  # unshrunk with rows cached, which are kept ...
+    assert len(inserted) == len(set(inserted))  # ... so no row is computed twice
+    plain = smo_solve(X, y, kernel, C=1.0, tol=1e-3, shrinking=False)
+    assert result.objective == pytest.approx(plain.objective, rel=1e-6)
