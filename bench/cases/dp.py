@@ -10,7 +10,13 @@ Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
 hand-written algorithms of `parallel.collectives` (blocking, after backward).
 
 Settings (`SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
-on digits) or ``cnn`` (`parallel.nn.models.mnist_cnn`, 28x28 images only); the data
+on digits), ``cnn`` (`parallel.nn.models.mnist_cnn`) or ``keras_cnn`` (the lecture's
+TensorFlow example, `parallel.nn.models.keras_cnn`; both 28x28 images only); the
+optimiser, ``sgd`` (lr 0.01, momentum 0.9) or ``adam`` (lr 1e-3, the Keras
+default; moments replicated on every rank); the compute format, ``full`` (the
+point's dtype) or mixed precision in ``float16`` / ``bfloat16`` (emulated by
+rounding float32; `parallel.data.mixed_precision`) with master weights in the
+point's dtype; the data
 set, ``mnist`` (the 5,000-image sample of `kernels.datasets.load_mnist_sample`),
 ``digits`` (1,797 8x8 images) or a directory holding the standard MNIST IDX files
 (train and t10k, .gz or not); the gradient bucket cap (0: one flat buffer; by
@@ -23,26 +29,30 @@ time rank 0 spent in the MPI calls of the gradient exchange (waits for slower
 ranks included) over its step time, summed over every step of the point; in
 ``params`` the settings, ``buckets``, ``steps``, ``epoch_s_estimate`` (rank 0's
 mean step time times the steps per epoch of the training split),
-``peak_rss_mib`` (``resource.getrusage`` ``ru_maxrss`` of rank 0: the process's
-peak so far, earlier points included) and ``test_accuracy`` (rank 0's replica on
-the test split after the point's steps).
+``samples_per_epoch`` (the training split) and ``epochs`` (samples trained over it),
+``peak_memory_mib`` (the busiest rank's host RSS high-water mark over the point's
+warm-up and timed steps, `bench.families.memory`), ``loss_scale`` and
+``skipped_steps`` (mixed precision: the final loss scale and the steps skipped for
+an overflow) and ``test_accuracy`` (rank 0's replica on the test split after the
+point's steps).
 
 The check trains a serial model from the same seed on the same global batches
-(as many steps as the point ran, on rank 0), counts the parameters outside
+with the same optimiser in the point's dtype (as many steps as the point ran, on
+rank 0, skipping the steps mixed precision skipped), counts the parameters outside
 ``rtol`` of it (atol ``rtol * max |w|``: float64 1e-9, float32 1e-3, 16-bit
-exchange 5e-2, since sums in other orders drift apart over the steps), and adds
-the parameters that differ from rank 0's replica on each rank.
+exchange or compute 5e-2, since sums in other orders drift apart over the steps),
+and adds the parameters that differ from rank 0's replica on each rank.
 """
 import functools
 import math
 import os
-import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families.memory import peak_rss_mib, reset_peak_rss
 from bench.settings import Setting, byte_size, choice, integer
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
@@ -50,22 +60,27 @@ from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.data.data_parallel import DataParallelTrainer
 from parallel.data.gradient_wire import PRECISIONS
+from parallel.data.mixed_precision import COMPUTE_FORMATS
 from parallel.nn.layers import softmax_cross_entropy
-from parallel.nn.models import accuracy, mnist_cnn, mnist_mlp, train_step
-from parallel.nn.optim import SGD
+from parallel.nn.models import accuracy, keras_cnn, mnist_cnn, mnist_mlp, train_step
+from parallel.nn.optim import SGD, Adam
 
 SEED = 2024
-LEARNING_RATE, MOMENTUM = 0.01, 0.9
+#: optimiser -> (class, hyper-parameters); Adam's are the Keras defaults of the lecture's example.
+OPTIMIZERS = {"sgd": (SGD, dict(lr=0.01, momentum=0.9)), "adam": (Adam, dict(lr=1e-3))}
 OVERLAP_BUCKET_BYTES = 64 << 10
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "keras_cnn")
+IMAGE_MODELS = {"cnn": mnist_cnn, "keras_cnn": keras_cnn}
 DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 SIXTEEN_BIT_TOLERANCE = 5e-2
 #: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
 DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
-#: Parameters of each model (at most) and array entries held per sample in forward and backward.
-PARAMETERS = {"mlp": 784 * 256 + 256 * 128 + 128 * 10 + 394, "cnn": 21840}
-ACTIVATIONS = {"mlp": lambda pixels: 2 * (pixels + 256 + 128 + 10), "cnn": lambda pixels: 50_000}
+#: Parameters of each model (at most) and array entries held per sample in forward and backward (the CNNs:
+#: tracemalloc peak of a float32 step, about 62K and 133K).
+PARAMETERS = {"mlp": 784 * 256 + 256 * 128 + 128 * 10 + 394, "cnn": 21840, "keras_cnn": 93322}
+ACTIVATIONS = {"mlp": lambda pixels: 2 * (pixels + 256 + 128 + 10), "cnn": lambda pixels: 65_000,
+               "keras_cnn": lambda pixels: 140_000}
 
 
 @functools.lru_cache(maxsize=4)
@@ -84,7 +99,12 @@ def _split_data(dataset, flat, dtype):
 
 
 def _build_model(name, inputs, dtype):
-    return mnist_cnn(SEED, dtype) if name == "cnn" else mnist_mlp(SEED, dtype, inputs)
+    return IMAGE_MODELS[name](SEED, dtype) if name in IMAGE_MODELS else mnist_mlp(SEED, dtype, inputs)
+
+
+def _build_optimizer(name, pairs):
+    optimizer, hyper_parameters = OPTIMIZERS[name]
+    return optimizer(pairs, **hyper_parameters)
 
 
 def data_source(variable, text, allowed):
@@ -98,7 +118,10 @@ def data_source(variable, text, allowed):
 
 
 SETTINGS = (
-    Setting("DP_MODEL", choice, "mlp", MODELS, "model (cnn: 28x28 images only)"),
+    Setting("DP_MODEL", choice, "mlp", MODELS, "model (cnn, keras_cnn: 28x28 images only)"),
+    Setting("DP_OPTIMIZER", choice, "sgd", tuple(OPTIMIZERS), "optimiser (sgd: lr 0.01, momentum 0.9; adam: lr 1e-3)"),
+    Setting("DP_COMPUTE", choice, "full", COMPUTE_FORMATS,
+            "forward / backward format (float16, bfloat16: mixed precision, master weights in the dtype)"),
     Setting("DP_DATASET", data_source, "mnist", "mnist|digits|IDX directory",
             "data set, or a directory of MNIST IDX files"),
     Setting("DP_BUCKET_BYTES", byte_size, None, None,
@@ -112,13 +135,15 @@ def read_settings(settings, variant):
     """The trainer settings of ``variant`` from the suite's ``settings``; `InputError` when they do not fit."""
     model = settings["DP_MODEL"]
     dataset = settings["DP_DATASET"]
-    if model == "cnn" and dataset == "digits":
-        raise InputError("MLSCALE_DP_MODEL=cnn needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX directory")
+    if model in IMAGE_MODELS and dataset == "digits":
+        raise InputError(f"MLSCALE_DP_MODEL={model} needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX "
+                         "directory")
     overlap = variant == "mpi_overlap"
     bucket_bytes = settings["DP_BUCKET_BYTES"]
     return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
                 bucket_bytes=(OVERLAP_BUCKET_BYTES if overlap else 0) if bucket_bytes is None else bucket_bytes,
-                micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"])
+                micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"],
+                optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"])
 
 
 @dataclass
@@ -133,6 +158,9 @@ class _State:
     local_offsets: np.ndarray
     steps: int = 0
     run_seconds: float = 0.0
+    skipped: list = field(default_factory=list)
+    peak_rss_mib: float = None
+    peak_memory_mib: float = math.nan
 
 
 def _rows(step, size, offsets, n_train):
@@ -148,9 +176,11 @@ class DataParallel(Case):
     size_help = "global batch size in samples (weak: per rank); one run = one training step"
     default_sizes = "32:1K"
     metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
-                    "params: settings, epoch_s_estimate, peak_rss_mib (ru_maxrss, rank 0), test_accuracy")
+                    "params: settings, epoch_s_estimate, samples_per_epoch, peak_memory_mib (host RSS high-water "
+                    "mark of the steps, busiest rank), loss_scale, skipped_steps, test_accuracy")
     dtypes = ("float32", "float64")
-    description = ("Data-parallel training steps of an MLP or a small CNN on MNIST images: each rank takes its "
+    description = ("Data-parallel training steps of an MLP or a CNN on MNIST images (SGD or Adam, optionally in "
+                   "mixed precision): each rank takes its "
                    "shard of the global batch, and the gradients are summed by MPI_Allreduce, by Iallreduce on "
                    "buckets overlapped with the backward pass, or by the hand-written allreduce algorithms; "
                    "optionally in 16-bit and with gradient accumulation. The check trains a serial model on the "
@@ -169,10 +199,11 @@ class DataParallel(Case):
         data = _split_data(settings["dataset"], settings["model"] == "mlp", dtype)
         model = _build_model(settings["model"], data[0].shape[-1], dtype)
         options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",
-                                                  "precision")}
+                                                  "precision", "compute")}
         trainer = DataParallelTrainer(comm, model, **options)
-        optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        optimizer = _build_optimizer(settings["optimizer"], trainer.parameters())
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
+        reset_peak_rss()
         return _State(comm, dtype, size, settings, trainer, optimizer, data, offsets)
 
     def run(self, state):
@@ -180,16 +211,20 @@ class DataParallel(Case):
         train_x, _, train_y, _ = state.data
         rows = _rows(state.steps, state.size, state.local_offsets, len(train_x))
         state.trainer.train_step(state.optimizer, train_x[rows], train_y[rows], batch_size=state.size)
+        if state.trainer.step_skipped:
+            state.skipped.append(state.steps)
         state.steps += 1
         state.run_seconds += MPI.Wtime() - start
 
     def check(self, state):
+        state.peak_rss_mib = peak_rss_mib()  # the steps' peak, before the serial reference below
         trainer = state.trainer
         expected = np.empty_like(trainer.flat_params)
         if state.comm.rank == 0:
             expected[:] = self._serial_parameters(state)
         state.comm.Bcast(expected, root=0)
-        rtol = TOLERANCES[state.dtype] if state.settings["precision"] == "full" else SIXTEEN_BIT_TOLERANCE
+        full = state.settings["precision"] == state.settings["compute"] == "full"
+        rtol = TOLERANCES[state.dtype] if full else SIXTEEN_BIT_TOLERANCE
         close = np.isclose(trainer.flat_params, expected, rtol=rtol, atol=rtol * np.max(np.abs(expected)))
         return int(np.count_nonzero(~close)) + trainer.replica_mismatches()
 
@@ -197,14 +232,17 @@ class DataParallel(Case):
         """Parameters of a serial model trained on the same ``state.steps`` global batches."""
         train_x, _, train_y, _ = state.data
         model = _build_model(state.settings["model"], train_x.shape[-1], state.dtype)
-        optimizer = SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        optimizer = _build_optimizer(state.settings["optimizer"], model.parameters())
         everyone = np.arange(state.size)
-        for step in range(state.steps):
+        skipped = set(state.skipped)
+        for step in (step for step in range(state.steps) if step not in skipped):
             rows = _rows(step, state.size, everyone, len(train_x))
             train_step(model, softmax_cross_entropy, optimizer, train_x[rows], train_y[rows])
         return np.concatenate([param.ravel() for param, _ in model.parameters()])
 
     def metrics(self, state, seconds):
+        peak = state.peak_rss_mib if state.peak_rss_mib is not None else peak_rss_mib()
+        state.peak_memory_mib = state.comm.allreduce(peak, op=MPI.MAX)
         return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
                        metric_value=_comm_share(state))
 
@@ -212,25 +250,35 @@ class DataParallel(Case):
         train_x, test_x, _, test_y = state.data
         trainer = state.trainer
         step_seconds = state.run_seconds / state.steps if state.steps else math.nan
+        scaler = trainer.loss_scaler
         summary = dict(state.settings, buckets=len(trainer.buckets), parameters=int(trainer.flat_params.size),
-                       lr=LEARNING_RATE, momentum=MOMENTUM, steps=state.steps, comm_share=_comm_share(state),
+                       **OPTIMIZERS[state.settings["optimizer"]][1], steps=state.steps,
+                       comm_share=_comm_share(state), samples_per_epoch=len(train_x),
+                       epochs=state.steps * state.size / len(train_x),
                        epoch_s_estimate=math.ceil(len(train_x) / state.size) * step_seconds,
-                       peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                       peak_memory_mib=state.peak_memory_mib, skipped_steps=len(state.skipped),
+                       loss_scale=scaler.scale if scaler else None)
         if state.comm.rank == 0 and state.steps:
+            trainer.sync_model()
             summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
         return summary
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its
-        flat gradients, momentum and buckets, and the activations of this rank's ``ceil(n / p)``
-        samples (`ACTIVATIONS` per sample); the check trains a serial model on the whole
-        global batch of n samples on rank 0."""
+        flat gradients, optimiser state and buckets (8 vectors; Adam one more; mixed precision the
+        16-bit copies of weights and gradients), and the activations of this rank's ``ceil(n / p)``
+        samples (`ACTIVATIONS` per sample, in the compute format: float16 halves float32); the
+        check trains a serial model on the whole global batch of n samples on rank 0."""
         settings = read_settings(self.settings, variant)
         samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
         item = np.dtype(dtype).itemsize
+        compute_item = {"full": item, "float16": 2, "bfloat16": 4}[settings["compute"]]
+        parameters = PARAMETERS[settings["model"]]
+        state = (8 + (settings["optimizer"] == "adam")) * item * parameters + \
+            (2 * compute_item * parameters if settings["compute"] != "full" else 0)
         per_sample = ACTIVATIONS[settings["model"]](pixels)
-        batch = -(-problem // ranks) + (problem if check else 0)
-        return samples * pixels + item * (2 * samples * pixels + 8 * PARAMETERS[settings["model"]] + per_sample * batch)
+        activations = per_sample * (compute_item * -(-problem // ranks) + (item * problem if check else 0))
+        return samples * pixels + item * 2 * samples * pixels + state + activations
 
 
 def _comm_share(state):

@@ -55,6 +55,24 @@ def bfloat16_bits(values):
     return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
 
 
+def round_to_bfloat16(values):
+    """Round the float32 array ``values`` in place to bfloat16 precision (nearest, ties to even).
+
+    The result is `bfloat16_values(bfloat16_bits(values))` without the 16-bit copy:
+    float32 numbers whose low 16 bits are zero. NumPy has no bfloat16 dtype, so
+    mixed precision emulates bfloat16 arithmetic by this rounding. Returns ``values``.
+    """
+    if values.dtype != np.float32:
+        raise TypeError(f"round_to_bfloat16: need a float32 array, got {values.dtype}")
+    bits = values.view(np.uint32)
+    low = bits >> np.uint32(16)
+    low &= np.uint32(1)
+    low += np.uint32(0x7FFF)
+    bits += low
+    bits &= np.uint32(0xFFFF0000)
+    return values
+
+
 def bfloat16_values(bits):
     """Return the float32 numbers of bfloat16 ``bits`` (uint16 upper halves; low 16 bits zero)."""
     return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)

@@ -1,4 +1,11 @@
-"""Stochastic gradient descent with momentum and weight decay, updating arrays in place."""
+"""Optimisers updating arrays in place: SGD with momentum and weight decay, and Adam.
+
+Under data parallelism the optimiser runs on every replica over the same
+allreduced gradient, so its state (SGD's velocity, Adam's two moments) is
+replicated: no communication, and ``k`` state vectors of the full parameter
+count on every rank (sharding it, ZeRO stage 1, would save memory for an
+allgather of the updated parameters; not built).
+"""
 import numpy as np
 
 from kernels.errors import InputError
@@ -47,11 +54,82 @@ class SGD:
             param -= self.lr * direction
 
 
+class Adam:
+    """Adam with bias correction (Kingma and Ba, 2015, Algorithm 1) and optional L2 weight decay.
+
+    Per step ``t = 1, 2, ...``, for every pair ``(p, g)`` with moments ``m``, ``v``
+    (zero at start)::
+
+        g = g + weight_decay * p                  (L2, coupled: the PyTorch ``Adam`` convention)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g**2
+        p = p - lr * (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps)
+
+    The moments have the parameters' dtype (float32 master weights under mixed
+    precision) and are replicated under data parallelism (see the module note).
+
+    Parameters
+    ----------
+    pairs : list of (ndarray, ndarray)
+        ``(param, grad)`` arrays updated in place (as for `SGD`).
+    lr : float
+        Step size (> 0; the ``lr`` attribute may change between steps).
+    beta1, beta2 : float
+        Decay rates of the moment estimates, in ``[0, 1)``.
+    eps : float
+        ``> 0``, added to the root of the second moment.
+    weight_decay : float
+        ``>= 0``.
+
+    Attributes
+    ----------
+    steps : int
+        Updates applied so far (``t`` of the last one).
+    """
+
+    def __init__(self, pairs, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        if lr <= 0 or not (0 <= beta1 < 1 and 0 <= beta2 < 1) or eps <= 0 or weight_decay < 0:
+            raise InputError(f"Adam: need lr > 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got "
+                             f"{lr}, {beta1}, {beta2}, {eps}, {weight_decay}")
+        self.pairs = list(pairs)
+        self.lr, self.beta1, self.beta2, self.eps, self.weight_decay = lr, beta1, beta2, eps, weight_decay
+        self.first = [np.zeros_like(param) for param, _ in self.pairs]
+        self.second = [np.zeros_like(param) for param, _ in self.pairs]
+        self.steps = 0
+
+    def step(self):
+        """Apply one update to every parameter from its current gradient."""
+        self.steps += 1
+        first_correction = 1 - self.beta1 ** self.steps
+        root_second_correction = np.sqrt(1 - self.beta2 ** self.steps)
+        for (param, grad), first, second in zip(self.pairs, self.first, self.second):
+            if self.weight_decay:
+                grad = grad + self.weight_decay * param
+            first *= self.beta1
+            first += (1 - self.beta1) * grad
+            second *= self.beta2
+            second += (1 - self.beta2) * np.square(grad)
+            # lr m_hat / (sqrt(v_hat) + eps) = (lr / c1) m / (sqrt(v) / sqrt(c2) + eps)
+            denominator = np.sqrt(second)
+            denominator /= root_second_correction
+            denominator += self.eps
+            param -= (self.lr / first_correction) * first / denominator
+
+
 class GradientStep:
-    """Mixin for the parallel trainers: one training step is `compute_gradients`, then the optimiser."""
+    """Mixin for the parallel trainers: one training step is `compute_gradients`, then the optimiser.
+
+    A trainer that finds the step's gradients unusable (an overflow under loss
+    scaling) sets ``step_skipped`` in `compute_gradients`; the optimiser then does
+    not run and the weights stay as they were.
+    """
+
+    step_skipped = False
 
     def train_step(self, optimizer, x, y, **options):
-        """``compute_gradients(x, y, **options)``, then ``optimizer.step()``; return this rank's loss share."""
+        """``compute_gradients(x, y, **options)``, then ``optimizer.step()`` unless `step_skipped`;
+        return this rank's loss share."""
         value = self.compute_gradients(x, y, **options)
-        optimizer.step()
+        if not self.step_skipped:
+            optimizer.step()
         return value

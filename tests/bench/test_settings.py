@@ -81,7 +81,8 @@ def test_unknown_set_name_is_one_line_with_status_2():
     status, out, err = mlscale("sweep", "dp", "--np", "1", "--set", "DP_MODLE=cnn")
     assert (status, out) == (2, "")
     assert err.splitlines() == ["mlscale: error: --set DP_MODLE: not a setting of suite 'dp' (its settings are "
-                                "DP_MODEL, DP_DATASET, DP_BUCKET_BYTES, DP_PRECISION, DP_MICRO_BATCHES); "
+                                "DP_MODEL, DP_OPTIMIZER, DP_COMPUTE, DP_DATASET, DP_BUCKET_BYTES, DP_PRECISION, "
+                                "DP_MICRO_BATCHES); "
                                 "did you mean DP_MODEL?"]
 
 
@@ -117,7 +118,7 @@ def test_list_survives_a_bad_value_of_one_suite_and_shows_declarations():
     assert out.startswith("dp: variants mpi, mpi_overlap, ")
     assert "Data-parallel training steps" in out and "Settings (`SETTINGS`)" not in out
     rows = [line.split() for line in out.splitlines()]
-    assert ["DP_MODEL", "mlp", "mlp|cnn", "model"] == rows[-5][:4]
+    assert ["DP_MODEL", "mlp", "mlp|cnn|keras_cnn", "model"] == rows[-7][:4]
     assert ["DP_MICRO_BATCHES", "1", "integer", ">=", "1"] == rows[-1][:5]
     status, out, _ = mlscale("list", "allreduce")
     assert status == 0 and out.splitlines()[-1] == "    settings: none"

@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of
@@ -33,7 +34,30 @@ def test_sweep_trains_checks_and_records_settings(tmp_path):
     for row, p in zip(rows, params):
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
         assert float(row["items_per_s"]) > 0 and p["steps"] >= 4
-        assert 0 <= p["test_accuracy"] <= 1 and p["peak_rss_mib"] > 0 and p["epoch_s_estimate"] > 0
+        assert 0 <= p["test_accuracy"] <= 1 and p["peak_memory_mib"] > 0 and p["epoch_s_estimate"] > 0
+        assert p["samples_per_epoch"] == 1438 and p["epochs"] == p["steps"] * 13 / 1438
+        assert (p["optimizer"], p["compute"], p["lr"], p["momentum"]) == ("sgd", "full", 0.01, 0.9)
+        assert p["skipped_steps"] == 0 and p["loss_scale"] is None
+
+
+def test_adam_in_mixed_precision_checks_against_float32_and_records_the_loss_scale(tmp_path):
+    path = str(tmp_path / "dp.csv")
+    for compute in ("float16", "bfloat16"):
+        status, _, err = mlscale({}, "sweep", SUITE, "--np", "2", "--ranks", "1,2", "--sizes", "13", "--variants",
+                                 "mpi,ring", "--iters", "3", "--warmup", "1", "--csv", path, "--set",
+                                 "DP_OPTIMIZER=adam", "--set", f"DP_COMPUTE={compute}")
+        assert status == 0, err
+    rows = rows_of(path)
+    assert len(rows) == 8 and {row["wrong"] for row in rows} == {"0"}
+    for row in rows:
+        p = json.loads(row["params"])
+        assert json.loads(row["settings"]) == {"MLSCALE_DP_DATASET": "digits", "MLSCALE_DP_OPTIMIZER": "adam",
+                                               "MLSCALE_DP_COMPUTE": p["compute"]}
+        assert p["optimizer"] == "adam" and p["lr"] == 1e-3 and "momentum" not in p
+        assert 0 <= p["skipped_steps"] < p["steps"] and p["peak_memory_mib"] > 0
+        # float16: dynamic scaling from 2**16, halved per skipped step (no growth within 2000 steps)
+        expected_scale = 2.0 ** (16 - p["skipped_steps"]) if p["compute"] == "float16" else 1.0
+        assert p["loss_scale"] == expected_scale and 0 <= p["test_accuracy"] <= 1
 
 
 def test_reduced_precision_accumulation_and_buckets_in_float64(tmp_path):
@@ -52,6 +76,9 @@ def test_reduced_precision_accumulation_and_buckets_in_float64(tmp_path):
 def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
     path = str(tmp_path / "dp.csv")
     for settings, message in [(dict(MLSCALE_DP_MODEL="cnn"), "needs 28x28 images"),
+                              (dict(MLSCALE_DP_MODEL="keras_cnn"), "MLSCALE_DP_MODEL=keras_cnn needs 28x28 images"),
+                              (dict(MLSCALE_DP_OPTIMIZER="rmsprop"), "MLSCALE_DP_OPTIMIZER='rmsprop'"),
+                              (dict(MLSCALE_DP_COMPUTE="float8"), "MLSCALE_DP_COMPUTE='float8'"),
                               (dict(MLSCALE_DP_PRECISION="int8"), "MLSCALE_DP_PRECISION='int8'"),
                               (dict(MLSCALE_DP_MICRO_BATCHES="0"), "MLSCALE_DP_MICRO_BATCHES='0'"),
                               (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size")]:
@@ -60,7 +87,10 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
         assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_mnist_idx_files_from_a_directory(tmp_path):
+@pytest.mark.parametrize("settings", [dict(MLSCALE_DP_MODEL="cnn"),
+                                      dict(MLSCALE_DP_MODEL="keras_cnn", MLSCALE_DP_OPTIMIZER="adam",
+                                           MLSCALE_DP_COMPUTE="bfloat16")], ids=["cnn", "keras_cnn"])
+def test_mnist_idx_files_from_a_directory(tmp_path, settings):
     from tests.kernels.test_datasets import write_idx
 
     rng = np.random.default_rng(0)
@@ -69,8 +99,7 @@ def test_mnist_idx_files_from_a_directory(tmp_path):
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, count, dtype=np.uint8))
     path = str(tmp_path / "dp.csv")
     status, _, err = run_mlscale("sweep", SUITE, "--np", "2", "--ranks", "2", "--sizes", "9", "--variants", "mpi",
-                                 "--iters", "2", "--csv", path, MLSCALE_DP_DATASET=str(tmp_path),
-                                 MLSCALE_DP_MODEL="cnn")
+                                 "--iters", "2", "--csv", path, MLSCALE_DP_DATASET=str(tmp_path), **settings)
     assert status == 0, err
     (row,) = rows_of(path)
     assert row["wrong"] == "0" and json.loads(row["settings"])["MLSCALE_DP_DATASET"] == str(tmp_path)

@@ -10,7 +10,7 @@ from parallel.data.gradient_wire import bfloat16_bits, bfloat16_values, bucket_b
 from parallel.nn.conv import Conv2d, MaxPool2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.nn.models import accuracy, mlp, train_step
-from parallel.nn.optim import SGD
+from parallel.nn.optim import SGD, Adam
 
 #: Global batch sizes of the steps: not divisible by 2, 3 or 4, and one smaller than 4 ranks.
 STEP_BATCHES = (7, 3, 10)
@@ -44,13 +44,21 @@ def relative_error(actual, expected):
     return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
 
 
-def train_both(comm, model_name, dtype=np.float64, **options):
+def sgd(pairs):
+    return SGD(pairs, lr=0.1, momentum=0.9, weight_decay=0.01)
+
+
+def adam(pairs):
+    return Adam(pairs, lr=0.01, weight_decay=0.01)
+
+
+def train_both(comm, model_name, dtype=np.float64, optimizer_class=sgd, **options):
     """Train serially and data-parallel on the same batches; return (serial params, trainer, losses)."""
     build, input_shape = MODELS[model_name]
     serial = build(0, dtype)
-    serial_optimizer = SGD(serial.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    serial_optimizer = optimizer_class(serial.parameters())
     trainer = DataParallelTrainer(comm, build(0, dtype), **options)
-    optimizer = SGD(trainer.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    optimizer = optimizer_class(trainer.parameters())
     losses = []
     for x, y in batches(input_shape, dtype):
         serial_loss = train_step(serial, softmax_cross_entropy, serial_optimizer, x, y)
@@ -124,6 +132,17 @@ def test_data_parallel_equals_serial_training_in_float64(comm, model_name, optio
     assert comm.allreduce(trainer.replica_mismatches()) == 0
     if options.get("bucket_bytes"):
         assert len(trainer.buckets) > 2
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+@pytest.mark.parametrize("options", [dict(), dict(allreduce="mpi", overlap=True, bucket_bytes=SMALL_BUCKET),
+                                     dict(allreduce="rabenseifner", micro_batches=2)],
+                         ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_data_parallel_adam_equals_serial_adam_with_replicated_moments(comm, model_name, options):
+    expected, trainer, _ = train_both(comm, model_name, optimizer_class=adam, **options)
+    assert on_all_ranks(comm, relative_error(trainer.flat_params, expected) <= 1e-12)
+    assert comm.allreduce(trainer.replica_mismatches()) == 0
 
 
 @pytest.mark.mpi(min_size=1)

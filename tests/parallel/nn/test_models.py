@@ -6,9 +6,9 @@ from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
 from parallel.nn.conv import Conv2d, MaxPool2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
-from parallel.nn.models import (accuracy, flat_storage, flatten_arrays, forward_backward, mlp, mnist_cnn, mnist_mlp,
-                             train_step, unflatten_vector)
-from parallel.nn.optim import SGD
+from parallel.nn.models import (accuracy, flat_storage, flatten_arrays, forward_backward, keras_cnn, mlp, mnist_cnn,
+                             mnist_mlp, train_step, unflatten_vector)
+from parallel.nn.optim import SGD, Adam
 
 
 def test_sgd_momentum_and_weight_decay_by_hand():
@@ -121,3 +121,35 @@ def test_mnist_cnn_shapes_and_loss_decreases():
     for _ in range(5):
         train_step(model, softmax_cross_entropy, optimizer, x, y)
     assert forward_backward(model, softmax_cross_entropy, x, y) < 0.8 * first
+
+
+def test_keras_cnn_is_the_tensorflow_examples_model_and_learns_with_adam():
+    images, labels = load_mnist_sample()
+    _, x, _, y = train_test_split(images, labels, test_fraction=0.01, seed=1)
+    x, y = x[:24], y[:24]
+    model = keras_cnn(seed=0)
+    assert [type(layer) for layer in model.layers] == [Conv2d, MaxPool2d, ReLU, Conv2d, MaxPool2d, ReLU, Conv2d,
+                                                       ReLU, Flatten, Linear, ReLU, Linear]
+    assert [param.shape for param in model.params.values()] == [
+        (32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), (64, 64, 3, 3), (64,), (576, 64), (64,), (64, 10), (10,)]
+    assert sum(param.size for param in model.params.values()) == 93322
+    assert model.forward(x[:3]).shape == (3, 10) and model.forward(x[:3]).dtype == np.float32
+    optimizer = Adam(model.parameters(), lr=1e-3)
+    first = forward_backward(model, softmax_cross_entropy, x, y)
+    for _ in range(5):
+        train_step(model, softmax_cross_entropy, optimizer, x, y)
+    assert forward_backward(model, softmax_cross_entropy, x, y) < 0.8 * first
+
+
+def test_flat_storage_in_another_dtype_rebinds_the_model_to_rounded_copies():
+    model = small_cnn(3)
+    values = flatten_arrays(model.params.values())
+    flat_params, flat_grads = flat_storage(model, np.float16)
+    assert flat_params.dtype == flat_grads.dtype == np.float16
+    np.testing.assert_array_equal(flat_params, values.astype(np.float16))
+    assert all(np.shares_memory(param, flat_params) for param in model.params.values())
+    x = np.random.default_rng(0).standard_normal((2, 1, 6, 6))
+    logits = model.forward(x)
+    assert logits.dtype == np.float16
+    model.backward(np.ones_like(logits))
+    assert np.any(flat_grads != 0)
