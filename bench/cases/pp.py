@@ -1,38 +1,58 @@
-"""Suite ``pp``: pipeline-parallel training steps (parallel.pipeline.stage), GPipe and 1F1B.
+"""Suite ``pp``: pipeline-parallel training steps (parallel.pipeline), GPipe, 1F1B and PipeDream.
 
-Each rank is one stage of an MLP of ``L`` linear layers of width ``W`` (``W``
-inputs, ``W`` classes, ReLU between layers: ``2 L - 1`` layers, so at most that
-many ranks), split by `parallel.pipeline.schedule.partition`. One run is one training step
-(the schedule's forwards and backwards, then plain SGD, lr 0.01) on a fixed
-synthetic global batch of ``size`` samples (standard normal inputs, uniform
-labels) cut into ``m`` micro-batches; ``size`` must be a multiple of ``m``.
+Each rank is one stage of a model split by `parallel.pipeline.schedule.partition`:
+``PP_MODEL=mlp``, an MLP of ``L`` linear layers of width ``W`` (``W`` inputs, ``W``
+classes, ReLU between layers: ``2 L - 1`` layers, so at most that many ranks) on a
+fixed synthetic batch (standard normal inputs, uniform labels); or ``PP_MODEL=cnn``,
+the lectures' SimpleCNN (`parallel.nn.models.mnist_cnn`: conv 1->10 k5, pool, ReLU,
+conv 10->20 k5, pool, ReLU | flatten, fc 320->50, ReLU, fc 50->10; 10 layers) on
+MNIST images (the 5,000-image sample, shuffled). One run is one training step on a
+global batch of ``size`` samples cut into ``m`` micro-batches (a multiple of ``m``),
+plain SGD, lr 0.01. ``gpipe`` and ``1f1b`` flush: one update per step from the
+batch's mean gradient. ``pipedream`` (`parallel.pipeline.pipedream`) never flushes:
+``m`` micro-batches enter per run and every stage updates after every backward
+micro-batch (the micro-batch's mean gradient) with weight stashing; the first run
+fills the pipeline, later runs are its steady state.
 
-Settings (`SETTINGS`): micro-batches ``m`` per step, layer width ``W``, linear
-layers ``L``, and the balance: ``layers`` (`block_range` of the layer count) or
-``params`` (balance the stages' parameter counts).
+Settings (`SETTINGS`): micro-batches ``m`` per step (``PP_MICROBATCHES=1`` is the
+lecture's naive model parallelism: one stage busy at a time), the model, layer width
+``W`` and linear layers ``L`` (mlp), and the balance: ``layers`` (`block_range` of the
+layer count), ``params`` (balance the stages' parameter counts), ``time`` (balance the
+stages' seconds: each layer's forward plus backward on one micro-batch, measured on
+rank 0, median of 3, broadcast, then the contiguous split minimising the largest
+stage) or ``parts`` (the lecture's ModelPart1 = the convolutions, ModelPart2 = the
+dense layers; cnn on 2 ranks). Default: ``layers`` for mlp; for cnn ``parts`` on 2
+ranks, else ``time``.
 
 Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
 ``1 - max_r compute_r / max_r step_r`` (idle share of the busiest stage: the
 schedule's fill and drain) of each run, median over the point's runs; params:
-``theoretical_bubble`` ``(p - 1) / (m + p - 1)``, ``replayed_bubble`` (the bubble
-of the same schedule replayed with each action's measured compute seconds and free
-messages, median over the runs: its gap to ``bubble`` is what messages and
-overheads add on the critical path; its gap to the theory, what unequal and
-varying stage times add), ``idle_fraction`` ``1 - sum_r compute_r / (p max_r
-step_r)`` (all stages: the bubble plus what unequal stages cost) and
-``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the mean
-seconds per step, the settings, ``stage_layers`` (layers per stage),
-``peak_in_flight`` and ``peak_activation_mib`` per stage (micro-batches whose
-activations are held at once, and their bytes; most over the timed runs), and per rank the mean seconds per
-step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see `parallel.pipeline.stage`).
+``theoretical_bubble`` ``(p - 1) / (m + p - 1)`` (0 for pipedream: its steady state),
+``replayed_bubble`` (the bubble of the same schedule replayed with each action's
+measured compute seconds and free messages, median over the runs: its gap to
+``bubble`` is what messages and overheads add on the critical path; its gap to the
+theory, what unequal and varying stage times add), ``idle_fraction`` ``1 - sum_r
+compute_r / (p max_r step_r)`` (all stages: the bubble plus what unequal stages cost)
+and ``stage_imbalance`` ``max_r compute_r / mean_r compute_r - 1`` from the mean
+seconds per step, the settings, ``stage_layers`` and ``stage_params`` (layers and
+parameters per stage), ``peak_in_flight`` and ``peak_activation_mib`` per stage
+(micro-batches whose activations are held at once, and their bytes; most over the
+timed runs), for pipedream ``staleness`` (most weight versions between a
+micro-batch's forward and its backward, per stage: ``p - s - 1`` in the steady state)
+and ``stash_mib`` (most stashed weight copies at once, per stage), and per rank the
+mean seconds per step in ``compute_s``, ``send_s``, ``wait_s`` and ``step_s`` (see
+`parallel.pipeline.stage`).
 
-Check: the weights go back to where the point started (the seed), one more
-pipeline step runs on the first ``n'`` samples of the batch, and every weight is
-compared with one serial SGD step on the same samples (on rank 0, then one
-``Bcast``). ``n' = size`` up to `CHECK_SAMPLES` samples; above, a sample of the
-batch, ``m * (CHECK_SAMPLES // m)`` samples (at least ``m``), so that the serial
-reference stays cheap for big sizes. Tolerance ``rtol`` float64 1e-9, float32 1e-3,
-``atol = rtol * max |w|``.
+Check: the weights go back to where the point started (the seed; pipedream first
+drains), one more step runs on the first ``n'`` samples of the batch (pipedream:
+then drains), and every weight is compared with the serial reference on the same
+samples (on rank 0, then one ``Bcast``): one serial SGD step for gpipe and 1f1b; for
+pipedream `parallel.pipeline.pipedream.serial_pipedream`, which replays the schedule
+serially (each micro-batch's gradient at the weight versions its forward used on
+each stage, applied as that stage's update). ``n' = size`` up to `CHECK_SAMPLES`
+samples; above, ``m * (CHECK_SAMPLES // m)`` samples (at least ``m``), so that the
+serial reference stays cheap for big sizes. Tolerance ``rtol`` float64 1e-9, float32
+1e-3, ``atol = rtol * max |w|``.
 """
 import math
 from dataclasses import dataclass, field
@@ -40,15 +60,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_samples, count_wrong, restore,
-                                     serial_step_parameters, synthetic_batch)
+from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_samples, count_wrong, mnist_batch,
+                                     restore, serial_step_parameters, synthetic_batch)
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
-from parallel.nn.models import mlp
+from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.models import flat_storage, mlp, mnist_cnn
 from parallel.nn.optim import SGD
+from parallel.pipeline.pipedream import PipeDream, serial_pipedream
 from parallel.pipeline.stage import Pipeline
-from parallel.pipeline.schedule import BALANCES, SCHEDULES, bubble_fraction, idle_fraction, partition, theoretical_bubble
+from parallel.pipeline.schedule import (BALANCES, PIPEDREAM, SCHEDULES, bubble_fraction, idle_fraction,
+                                        layer_parameter_count, layer_seconds, partition, theoretical_bubble)
 from parallel.pipeline.timeline import Timeline
+
+MODELS = ("mlp", "cnn")
+#: The lecture's split of the SimpleCNN: ModelPart1 (convolutions, pools, ReLUs) | ModelPart2 (dense layers).
+CNN_PARTS = [(0, 6), (6, 10)]
+CNN_LAYERS, CNN_PARAMETERS, CNN_ACTIVATIONS = 10, 21840, 50_000
 
 
 @dataclass
@@ -62,44 +90,66 @@ class _State:
     data: tuple
     initial: list
     offset: int
-    stage_layers: list
+    bounds: list
+    stage_params: list
     timeline: Timeline = field(default_factory=Timeline)
 
 
 SETTINGS = (
-    Setting("PP_MICROBATCHES", integer, 8, 1, "micro-batches m per step (the global batch is a multiple of m)"),
-    Setting("PP_WIDTH", integer, 1024, 1, "layer width W"),
-    Setting("PP_LAYERS", integer, 8, 1, "linear layers L (2 L - 1 layers with the ReLUs: at most that many ranks)"),
-    Setting("PP_BALANCE", choice, "layers", BALANCES, "stage split: by layer count or by parameter count"),
+    Setting("PP_MICROBATCHES", integer, 8, 1, "micro-batches m per step (the global batch is a multiple of m); "
+                                              "1: naive model parallelism"),
+    Setting("PP_MODEL", choice, "mlp", MODELS, "mlp (synthetic data) or cnn (the lecture's SimpleCNN on MNIST)"),
+    Setting("PP_WIDTH", integer, 1024, 1, "layer width W (mlp)"),
+    Setting("PP_LAYERS", integer, 8, 1, "linear layers L (mlp: 2 L - 1 layers with the ReLUs: at most that many ranks)"),
+    Setting("PP_BALANCE", choice, None, BALANCES + ("parts",),
+            "stage split: layer count, parameter count, measured time, or parts (cnn on 2 ranks: convolutions | "
+            "dense); default layers (mlp), parts on 2 ranks else time (cnn)"),
 )
 
 
 class PipelineSuite(Case):
     name = "pp"
     benchmark = "pipeline"
-    variants = SCHEDULES
+    variants = SCHEDULES + (PIPEDREAM,)
     size_unit = "samples"
     size_help = "global batch in samples (weak: per rank), a multiple of PP_MICROBATCHES; one run = one training step"
     default_sizes = "64:512"
     metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
                     "theoretical_bubble, replayed_bubble (free messages), idle_fraction (all stages), stage_imbalance, "
-                    "peak_in_flight and peak_activation_mib per stage, compute_s / send_s / wait_s / step_s per rank")
+                    "stage_params, peak_in_flight and peak_activation_mib per stage, staleness and stash_mib per stage "
+                    "(pipedream), compute_s / send_s / wait_s / step_s per rank")
     dtypes = ("float32", "float64")
 
-    description = ("Pipeline-parallel training steps of a deep MLP, one stage per rank, under the GPipe and 1F1B "
-                   "schedules with point-to-point messages between stages. The metric is the measured bubble (the "
-                   "idle share of the busiest stage), beside the theoretical (p - 1) / (m + p - 1) and a replay of "
-                   "the schedule with free messages; the check compares the weights after a step with serial SGD.")
+    description = ("Pipeline-parallel training steps of a deep MLP or the lecture's SimpleCNN on MNIST, one stage "
+                   "per rank, under the GPipe, 1F1B and PipeDream (no flush, weight stashing) schedules with "
+                   "point-to-point messages between stages. The metric is the measured bubble (the idle share of the "
+                   "busiest stage), beside the theoretical (p - 1) / (m + p - 1) and a replay of the schedule with free "
+                   "messages; the check compares the weights after a step with serial SGD (PipeDream: with a serial "
+                   "replay of its schedule).")
     declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        self.micro_batches, self.width, self.layers, self.balance = (self.settings[s.name] for s in SETTINGS)
+        self.micro_batches, self.model, self.width, self.layers, self.balance = (self.settings[s.name]
+                                                                                   for s in SETTINGS)
+
+    def _layer_count(self):
+        return CNN_LAYERS if self.model == "cnn" else 2 * self.layers - 1
+
+    def _balance(self, ranks):
+        if self.balance is not None:
+            return self.balance
+        return "layers" if self.model == "mlp" else ("parts" if ranks == 2 else "time")
 
     def check_ranks(self, ranks, variant):
-        if ranks > 2 * self.layers - 1:
-            raise InputError(f"pp: {ranks} stages need at least {ranks} layers; MLSCALE_PP_LAYERS="
-                             f"{self.layers} gives {2 * self.layers - 1} (linear and ReLU)")
+        if ranks > self._layer_count():
+            hint = "" if self.model == "cnn" else f"; MLSCALE_PP_LAYERS={self.layers} gives {self._layer_count()} " \
+                                                  f"(linear and ReLU)"
+            raise InputError(f"pp: {ranks} stages need at least {ranks} layers; the {self.model} has "
+                             f"{self._layer_count()}{hint}")
+        if self._balance(ranks) == "parts" and (self.model != "cnn" or ranks != 2):
+            raise InputError(f"pp: MLSCALE_PP_BALANCE=parts is the lecture's SimpleCNN split: MLSCALE_PP_MODEL=cnn "
+                             f"on 2 ranks (got {self.model} on {ranks})")
 
     def iterations(self, size):
         return 5, 1
@@ -112,35 +162,74 @@ class PipelineSuite(Case):
         if size < m or size % m:
             raise InputError(f"pp: the global batch ({size}) must be a multiple of MLSCALE_PP_MICROBATCHES={m}")
         layers = self._build(dtype).layers
-        bounds = partition(layers, comm.size, self.balance)
+        bounds = self._partition(comm, layers, size // m, dtype)
         start, stop = bounds[comm.rank]
-        stage = Pipeline(comm, layers[start:stop], (self.width,), m, variant, dtype)
+        shape = (1, 28, 28) if self.model == "cnn" else (self.width,)
+        stage = (PipeDream(comm, layers[start:stop], shape, m, dtype) if variant == PIPEDREAM
+                 else Pipeline(comm, layers[start:stop], shape, m, variant, dtype))
         optimizer = SGD(stage.parameters(), lr=LEARNING_RATE)
         offset = sum(param.size for layer in layers[:start] for param, _ in layer.parameters())
-        return _State(comm, dtype, size, variant, stage, optimizer,
-                      synthetic_batch(size, self.width, self.width, dtype),
-                      [param.copy() for param, _ in stage.parameters()], offset,
-                      [stop - start for start, stop in bounds])
+        data = mnist_batch(size, dtype) if self.model == "cnn" else synthetic_batch(size, self.width, self.width, dtype)
+        return _State(comm, dtype, size, variant, stage, optimizer, data,
+                      [param.copy() for param, _ in stage.parameters()], offset, bounds,
+                      [sum(layer_parameter_count(layer) for layer in layers[a:b]) for a, b in bounds])
+
+    def _partition(self, comm, layers, rows, dtype):
+        balance = self._balance(comm.size)
+        if balance == "parts":
+            return list(CNN_PARTS)
+        costs = None
+        if balance == "time":
+            shape = (1, 28, 28) if self.model == "cnn" else (self.width,)
+            costs = comm.bcast(layer_seconds(layers, shape, rows, dtype, softmax_cross_entropy)
+                               if comm.rank == 0 else None, root=0)
+        return partition(layers, comm.size, balance, costs)
 
     def _build(self, dtype):
+        if self.model == "cnn":
+            return mnist_cnn(SEED, np.dtype(dtype))
         return mlp([self.width] * (self.layers + 1), SEED, np.dtype(dtype))
 
     def run(self, state):
-        state.pipeline.train_step(state.optimizer, *state.data)
         stage = state.pipeline
+        stage.train_step(state.optimizer, *state.data)
+        extra = {}
+        if state.schedule == PIPEDREAM:
+            extra = dict(schedule=list(stage.actions), staleness=max(stage.staleness, default=0),
+                         stash_bytes=stage.peak_stash_bytes)
         state.timeline.add(stage.timeline, peak_in_flight=stage.peak_in_flight,
-                           peak_activation_bytes=stage.peak_activation_bytes, actions=list(stage.action_seconds))
+                           peak_activation_bytes=stage.peak_activation_bytes, actions=list(stage.action_seconds),
+                           **extra)
 
     def check(self, state):
-        stage = state.pipeline
+        stage, comm = state.pipeline, state.comm
+        pipedream = state.schedule == PIPEDREAM
+        if pipedream:
+            stage.drain()
         restore(stage.parameters(), state.initial)
         n = check_samples(state.size, self.micro_batches)
         x, y = state.data[0][:n], state.data[1][:n]
         stage.train_step(state.optimizer, x, y)
-        expected = serial_step_parameters(state.comm, lambda: self._build(state.dtype), x, y, state.dtype)
+        if pipedream:
+            stage.drain()
+            expected = self._serial_pipedream(comm, state, x, y)
+        else:
+            expected = serial_step_parameters(comm, lambda: self._build(state.dtype), x, y, state.dtype)
         mine = [param for param, _ in stage.parameters()]
         count = sum(param.size for param in mine)
         return count_wrong(mine, [expected[state.offset:state.offset + count]], state.dtype)
+
+    def _serial_pipedream(self, comm, state, x, y):
+        """The flat parameters after `serial_pipedream` of the check's stream, on every rank (rank 0, Bcast)."""
+        flat = None
+        if comm.rank == 0:
+            model = self._build(state.dtype)
+            flat, _ = flat_storage(model)
+            serial_pipedream(model.layers, state.bounds, x, y, self.micro_batches, LEARNING_RATE)
+        count = comm.bcast(None if flat is None else flat.size, root=0)
+        flat = np.empty(count, state.dtype) if flat is None else flat
+        comm.Bcast(flat, root=0)
+        return flat
 
     def metrics(self, state, seconds):
         """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
@@ -148,34 +237,50 @@ class PipelineSuite(Case):
                        metric_value=state.timeline.idle_share(state.comm, bubble_fraction))
 
     def params(self, state):
-        """Settings and per-stage figures (collective: one allgather)."""
-        timeline = state.timeline
-        per_rank = state.comm.allgather((timeline.largest("peak_in_flight"),
-                                         timeline.largest("peak_activation_bytes") / 2 ** 20,
-                                         timeline.per_step("compute"), timeline.per_step("send"),
-                                         timeline.per_step("wait"), timeline.per_step("step")))
+        """Settings and per-stage figures (collective: one or two allgathers)."""
+        timeline, comm = state.timeline, state.comm
+        per_rank = comm.allgather((timeline.largest("peak_in_flight"),
+                                   timeline.largest("peak_activation_bytes") / 2 ** 20,
+                                   timeline.per_step("compute"), timeline.per_step("send"),
+                                   timeline.per_step("wait"), timeline.per_step("step")))
         columns = list(zip(*per_rank))
         compute, steps = columns[2], columns[5]
-        return {"schedule": state.schedule, "micro_batches": self.micro_batches, "width": self.width,
-                "layers": self.layers, "balance": self.balance, "stage_layers": state.stage_layers,
-                "theoretical_bubble": round(theoretical_bubble(state.comm.size, self.micro_batches), 4),
-                "peak_in_flight": list(columns[0]),
-                "peak_activation_mib": [round(value, 3) for value in columns[1]],
-                "compute_s": [round(value, 6) for value in columns[2]],
-                "send_s": [round(value, 6) for value in columns[3]],
-                "wait_s": [round(value, 6) for value in columns[4]],
-                "step_s": [round(value, 6) for value in steps], "steps": timeline.steps,
-                "idle_fraction": round(idle_fraction(compute, steps), 4),
-                "replayed_bubble": round(timeline.replayed_bubble(state.comm, state.pipeline.actions), 4),
-                "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
+        pipedream = state.schedule == PIPEDREAM
+        result = {"schedule": state.schedule, "micro_batches": self.micro_batches, "model": self.model,
+                  "balance": self._balance(comm.size), "stage_layers": [b - a for a, b in state.bounds],
+                  "stage_params": state.stage_params,
+                  "theoretical_bubble": 0.0 if pipedream else round(theoretical_bubble(comm.size, self.micro_batches), 4),
+                  "peak_in_flight": list(columns[0]),
+                  "peak_activation_mib": [round(value, 3) for value in columns[1]],
+                  "compute_s": [round(value, 6) for value in columns[2]],
+                  "send_s": [round(value, 6) for value in columns[3]],
+                  "wait_s": [round(value, 6) for value in columns[4]],
+                  "step_s": [round(value, 6) for value in steps], "steps": timeline.steps,
+                  "idle_fraction": round(idle_fraction(compute, steps), 4),
+                  "replayed_bubble": round(timeline.replayed_bubble(comm, state.pipeline.actions), 4),
+                  "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
+        if self.model == "mlp":
+            result.update(width=self.width, layers=self.layers)
+        if pipedream:
+            stash = comm.allgather((timeline.largest("staleness"), timeline.largest("stash_bytes") / 2 ** 20))
+            result.update(staleness=[value for value, _ in stash], stash_mib=[round(value, 3) for _, value in stash])
+        return result
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """The whole model with gradients (every rank builds it, then keeps its stage and a copy of
-        it), the batch (``n x W``, drawn in float64) and the stage's activations of every
-        micro-batch; the check's serial step (rank 0) builds the model again and runs at most
-        `CHECK_SAMPLES` samples."""
-        width, layers = self.width, self.layers
-        stage_layers = -(-(2 * layers - 1) // ranks)
-        run = 4 * layers * width * width + problem * width * (1 + 2 * stage_layers)
-        reference = 6 * layers * width * width + 4 * layers * CHECK_SAMPLES * width
-        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * problem * width
+        """The whole model with gradients (every rank builds it, then keeps its stage and a copy of it),
+        the batch (mlp: ``n x W`` drawn in float64; cnn: the MNIST sample and the batch) and the stage's
+        activations of every micro-batch; pipedream's stashed weights (at most ``p - 1`` copies of a
+        stage: counted as the model); the check's serial reference (rank 0) builds the model again and
+        runs at most `CHECK_SAMPLES` samples (pipedream's replay keeps up to ``p + 1`` versions)."""
+        stages = -(-self._layer_count() // ranks)
+        item = np.dtype(dtype).itemsize
+        if self.model == "cnn":
+            params, per_sample, data = CNN_PARAMETERS, CNN_ACTIVATIONS, 5000 * 784 * (1 + item) + problem * 784 * item
+            checked = 4 * CHECK_SAMPLES * CNN_ACTIVATIONS
+        else:
+            params, per_sample = self.layers * self.width * self.width, self.width * (1 + 2 * stages)
+            data, checked = 8 * problem * self.width, 4 * self.layers * CHECK_SAMPLES * self.width
+        stash = params if variant == PIPEDREAM else 0
+        run = 4 * params + stash + problem * per_sample
+        reference = (6 + (ranks + 1 if variant == PIPEDREAM else 0)) * params + checked
+        return item * (run + (reference if check else 0)) + data

@@ -1,6 +1,10 @@
-"""Shared groundwork of the training suites (pp, hybrid): a seeded batch, one serial SGD step as the
-reference, and the count of weights outside the tolerance."""
+"""Shared groundwork of the training suites (pp, hybrid): a seeded batch (synthetic, or MNIST images), one
+serial SGD step as the reference, and the count of weights outside the tolerance."""
+import functools
+
 import numpy as np
+
+from kernels.datasets import load_mnist_sample
 
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import flat_storage, flatten_arrays, forward_backward
@@ -16,6 +20,21 @@ def synthetic_batch(size, width, classes, dtype):
     """Standard normal inputs ``(size, width)`` and uniform labels in ``[0, classes)``, from `SEED`."""
     rng = np.random.default_rng(SEED)
     return rng.standard_normal((size, width)).astype(dtype), rng.integers(0, classes, size)
+
+
+@functools.lru_cache(maxsize=2)
+def _mnist(dtype):
+    images, labels = load_mnist_sample(dtype=np.dtype(dtype))
+    order = np.random.default_rng(SEED).permutation(len(images))  # the file is sorted by label
+    return images[order], labels[order]
+
+
+def mnist_batch(size, dtype):
+    """``size`` images ``(size, 1, 28, 28)`` and labels of the 5,000-image MNIST sample, shuffled from
+    `SEED` (repeated in order above 5,000)."""
+    images, labels = _mnist(str(np.dtype(dtype)))
+    rows = np.arange(size) % len(images)
+    return images[rows], labels[rows]
 
 
 def check_samples(size, unit):

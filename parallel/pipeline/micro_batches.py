@@ -73,11 +73,21 @@ class Inbox:
         self.rows, self.pool, self.posted, self.remaining = None, [], None, 0
 
     def open(self, rows, count):
-        """Expect ``count`` messages of ``rows`` samples; post the first receive."""
+        """Expect ``count`` messages of ``rows`` samples (none may be pending); post the first receive."""
         if rows != self.rows:
             self.rows, self.pool = rows, []
-        self.remaining = count
-        self._post()
+        self.remaining = 0
+        self.expect(count)
+
+    def expect(self, count):
+        """Expect ``count`` more messages after those expected so far; post a receive if none is posted.
+
+        A stream that never flushes (PipeDream) keeps one receive posted from step to
+        step, so that the neighbour's send of the next step's first message completes.
+        """
+        self.remaining += count
+        if self.posted is None:
+            self._post()
 
     def _post(self):
         if self.remaining:

@@ -136,34 +136,49 @@ class Pipeline(GradientStep):
             The mean loss of the batch on the last stage (its share of the global
             mean with ``batch_size``), 0.0 on the other stages.
         """
-        n, m = len(x), self.micro_batches
-        if len(y) != n:
-            raise InputError(f"pipeline: {n} samples but {len(y)} labels")
-        if n < m or n % m:
-            raise InputError(f"pipeline: a batch of {n} samples does not split into {m} equal micro-batches "
-                             f"(use a multiple of {m})")
-        rows = n // m
-        self._batch = (x, y, rows, n if batch_size is None else batch_size)
+        rows = self._begin(x, y, self.micro_batches, batch_size)
         self._saved, self._saved_bytes, self._output_grads, self._sends, self._inputs = {}, {}, {}, [], {}
         for inbox in (self._activations_in, self._gradients_in):
             if inbox is not None:
-                inbox.open(rows, m)
-        self._loss = 0.0
-        self.timeline = dict.fromkeys(("compute", "send", "wait", "allreduce"), 0.0)
-        self.action_seconds = []
-        self.peak_in_flight = self.peak_activation_bytes = 0
+                inbox.open(rows, self.micro_batches)
         self._grad_sum.fill(0)
         start = MPI.Wtime()
-        for kind, index in self.actions:
-            (self._forward if kind == FORWARD else self._backward)(index)
-            self._timed("send", MPI.Request.Testall, self._sends)
-        self._timed("send", MPI.Request.Waitall, self._sends)
+        self._run(self.actions)
         if self.data_comm is not None:
             self._timed("allreduce", self.data_comm.Allreduce, MPI.IN_PLACE, self._grad_sum)
         self._timed("compute", self._copy_gradients)
         self.timeline["step"] = MPI.Wtime() - start
         self._batch = self._saved = self._output_grads = self._sends = self._inputs = None
         return self._loss
+
+    def _begin(self, x, y, micro_batches, batch_size=None, first=0):
+        """Check that the batch splits into ``micro_batches``, keep it (micro-batch ``first`` is its first)
+        and reset the step's figures; return the rows per micro-batch."""
+        n, m = len(x), micro_batches
+        if len(y) != n:
+            raise InputError(f"pipeline: {n} samples but {len(y)} labels")
+        if n < m or n % m:
+            raise InputError(f"pipeline: a batch of {n} samples does not split into {m} equal micro-batches "
+                             f"(use a multiple of {m})")
+        rows = n // m
+        self._batch = (x, y, rows, n if batch_size is None else batch_size, first)
+        self._reset_figures()
+        return rows
+
+    def _reset_figures(self):
+        self._loss = 0.0
+        self.timeline = dict.fromkeys(("compute", "send", "wait", "allreduce"), 0.0)
+        self.action_seconds = []
+        self.peak_in_flight = self.peak_activation_bytes = 0
+
+    def _run(self, actions, wait=True):
+        """Run ``actions`` in order, moving sends on after each; with ``wait``, wait for every send at the end."""
+        for kind, index in actions:
+            (self._forward if kind == FORWARD else self._backward)(index)
+            self._timed("send", MPI.Request.Testall, self._sends)
+        if wait:
+            self._timed("send", MPI.Request.Waitall, self._sends)
+            self._sends.clear()
 
     def _copy_gradients(self):
         """Hand the summed micro-batch gradients to the layers' own gradient arrays."""
@@ -201,9 +216,8 @@ class Pipeline(GradientStep):
         self._sends.append(self._timed("send", self.comm.Isend, buffer, dest, tag))
 
     def _forward(self, index):
-        x, y, rows, divisor = self._batch
-        part = slice(index * rows, (index + 1) * rows)
-        inputs = x[part] if self.first else self._timed("wait", self._activations_in.take)
+        samples, labels = self._micro_batch(index)
+        inputs = samples if self.first else self._timed("wait", self._activations_in.take)
         start = MPI.Wtime()
         outputs = self._forward_layers(inputs)
         if not self.first:
@@ -211,7 +225,7 @@ class Pipeline(GradientStep):
         self._saved[index] = save_caches(self.layers)
         self._saved_bytes[index] = saved_bytes(self._saved[index])
         if self.last:
-            value, self._output_grads[index] = self.loss(outputs, y[part], divisor)
+            value, self._output_grads[index] = self.loss(outputs, labels, self._batch[3])
             self._loss += value
             self._saved_bytes[index] += self._output_grads[index].nbytes
         self._computed(start)
@@ -219,6 +233,12 @@ class Pipeline(GradientStep):
         self.peak_activation_bytes = max(self.peak_activation_bytes, sum(self._saved_bytes.values()))
         if not self.last:
             self._send(outputs, self.stage + 1, _FORWARD_TAG)
+
+    def _micro_batch(self, index):
+        """Inputs and labels of micro-batch ``index`` of the batch being run."""
+        x, y, rows, _, first = self._batch
+        part = slice((index - first) * rows, (index - first + 1) * rows)
+        return x[part], y[part]
 
     def _backward(self, index):
         if self.last:
@@ -228,13 +248,18 @@ class Pipeline(GradientStep):
         start = MPI.Wtime()
         restore_caches(self._saved.pop(index))
         del self._saved_bytes[index]
-        for layer in reversed(self.layers):
-            grad = layer.backward(grad)
-        for view, (_, layer_grad) in zip(self._grad_views, self._pairs):
-            view += layer_grad
+        grad = self._backward_layers(index, grad)
         self._computed(start)
         if not self.last:
             self._gradients_in.give_back(reusable(received, grad))
         if not self.first:
             self._activations_in.give_back(self._inputs.pop(index))
             self._send(grad, self.stage - 1, _BACKWARD_TAG)
+
+    def _backward_layers(self, index, grad):
+        """Backward of micro-batch ``index`` through the stage's layers; add its gradient to the sum."""
+        for layer in reversed(self.layers):
+            grad = layer.backward(grad)
+        for view, (_, layer_grad) in zip(self._grad_views, self._pairs):
+            view += layer_grad
+        return grad

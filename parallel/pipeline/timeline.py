@@ -43,11 +43,12 @@ class Timeline:
 
     def replayed_bubble(self, comm, schedule):
         """Median over the runs of the bubble of `replay`: every stage's measured action seconds
-        (``actions`` of each run) and free messages; ``schedule`` is this rank's (collective)."""
-        every = comm.allgather((schedule, [run["actions"] for run in self.runs]))
-        schedules = [actions for actions, _ in every]
+        (``actions`` of each run) and free messages; ``schedule`` is this rank's, or a run's own
+        ``schedule`` where it has one (PipeDream's steps differ) (collective)."""
+        every = comm.allgather([(run.get("schedule", schedule), run["actions"]) for run in self.runs])
         shares = []
         for index in range(self.steps):
-            seconds = [runs[index] for _, runs in every]
+            schedules = [runs[index][0] for runs in every]
+            seconds = [runs[index][1] for runs in every]
             shares.append(bubble_fraction([sum(stage) for stage in seconds], replay(schedules, seconds)))
         return float(np.median(shares)) if shares else math.nan

@@ -29,15 +29,19 @@ def test_pp_sweep_checks_both_schedules_and_records_the_timeline(tmp_path):
     assert status == 0, err
     assert "bubble=" in out
     rows = rows_of(path)
-    assert [(row["ranks"], row["variant"]) for row in rows] == [("1", "gpipe"), ("1", "1f1b"), ("2", "gpipe"),
-                                                                ("2", "1f1b")]
+    assert [(row["ranks"], row["variant"]) for row in rows] == [(ranks, variant) for ranks in "12"
+                                                                for variant in ("gpipe", "1f1b", "pipedream")]
     assert {row["wrong"] for row in rows} == {"0"} and {row["size_unit"] for row in rows} == {"samples"}
     for row in rows:
         params, ranks = row["params"], int(row["ranks"])
         assert row["metric"] == "bubble" and 0 <= float(row["metric_value"]) < 1 and float(row["items_per_s"]) > 0
-        assert params["theoretical_bubble"] == round((ranks - 1) / (4 + ranks - 1), 4)
+        pipedream = row["variant"] == "pipedream"  # its steady state has no bubble
+        assert params["theoretical_bubble"] == (0.0 if pipedream else round((ranks - 1) / (4 + ranks - 1), 4))
         assert sum(params["stage_layers"]) == 5 and len(params["stage_layers"]) == ranks
         expected_in_flight = [4] * ranks if row["variant"] == "gpipe" else [min(ranks - s, 4) for s in range(ranks)]
+        if pipedream:  # stage s: s versions between forward and backward, as many stashed copies of its weights
+            assert params["staleness"] == [ranks - 1 - s for s in range(ranks)]
+            assert (params["stash_mib"][0] > 0) == (ranks > 1) and params["stash_mib"][-1] == 0
         assert params["peak_in_flight"] == expected_in_flight
         assert all(len(params[kind]) == ranks for kind in ("compute_s", "send_s", "wait_s", "step_s",
                                                             "peak_activation_mib"))
@@ -72,6 +76,34 @@ def test_the_bubble_is_the_median_of_each_runs_bubble_and_may_exceed_the_idle_sh
     assert of_means == pytest.approx(1.0 - 0.6 * sum(compute) / comm.size) and of_means < bubble
 
 
+def test_pp_cnn_is_the_lectures_simplecnn_split_into_its_two_parts_and_checked_for_every_schedule(tmp_path):
+    path = str(tmp_path / "pp.csv")
+    status, out, err = mlscale(dict(MLSCALE_PP_MICROBATCHES="2"), "sweep", PP, "--np", "2", "--ranks", "1,2",
+                               "--sizes", "6", "--iters", "1", "--warmup", "1", "--dtype", "float64",
+                               "--set", "PP_MODEL=cnn", "--csv", path)
+    assert status == 0, err
+    rows = rows_of(path)
+    assert [(row["ranks"], row["variant"]) for row in rows] == [(ranks, variant) for ranks in "12"
+                                                                for variant in ("gpipe", "1f1b", "pipedream")]
+    assert {row["wrong"] for row in rows} == {"0"}
+    for row in rows:
+        params = row["params"]
+        assert params["model"] == "cnn" and sum(params["stage_params"]) == 21840
+        if row["ranks"] == "2":  # ModelPart1: conv, pool, ReLU, conv, pool, ReLU; ModelPart2: flatten, fc, ReLU, fc
+            assert params["balance"] == "parts" and params["stage_layers"] == [6, 4]
+            assert params["stage_params"] == [10 * 25 + 10 + 20 * 250 + 20, 320 * 50 + 50 + 50 * 10 + 10]
+
+
+def test_pp_balance_by_measured_time_gives_contiguous_stages_covering_the_model(tmp_path):
+    path = str(tmp_path / "pp.csv")
+    status, _, err = mlscale(dict(MLSCALE_PP_MICROBATCHES="2"), "sweep", PP, "--np", "3", "--variants", "1f1b",
+                             "--sizes", "6", "--iters", "1", "--warmup", "0", "--set", "PP_MODEL=cnn", "--csv", path)
+    assert status == 0, err
+    (row,) = rows_of(path)
+    assert row["wrong"] == "0" and row["params"]["balance"] == "time"
+    assert sum(row["params"]["stage_layers"]) == 10 and min(row["params"]["stage_layers"]) >= 1
+
+
 def test_pp_reports_the_activation_memory_of_the_timed_steps_not_of_the_smaller_check_step(tmp_path):
     # Above 256 samples the check trains on a 256-sample sample of the batch.
     path = str(tmp_path / "pp.csv")
@@ -87,7 +119,8 @@ def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
     for settings, command, message in [
             (TINY_PP, ["run"], "global batch (10) must be a multiple of MLSCALE_PP_MICROBATCHES=4"),
             (dict(TINY_PP, MLSCALE_PP_BALANCE="flops"), ["run"], "MLSCALE_PP_BALANCE='flops'"),
-            (dict(TINY_PP, MLSCALE_PP_LAYERS="1"), ["sweep", PP, "--np", "2"], "2 stages need at least 2 layers")]:
+            (dict(TINY_PP, MLSCALE_PP_LAYERS="1"), ["sweep", PP, "--np", "2"], "2 stages need at least 2 layers"),
+            (dict(TINY_PP, MLSCALE_PP_BALANCE="parts"), ["run"], "MLSCALE_PP_BALANCE=parts is the lecture's")]:
         suite = [] if command[0] == "sweep" else [PP]
         status, _, err = mlscale(settings, *command, *suite, "--variants", "1f1b", "--sizes", "10", "--csv", path)
         assert status == 2, err
