@@ -1,0 +1,118 @@
+"""Precomputed schedules of the hand-written collectives and the calls that run them.
+
+An algorithm describes one rank's part of a collective once per (rank count, rank,
+length, place) as a `Schedule`: a list of steps, each posting sends and receives of
+contiguous views of three named buffers (``"in"``: the input, ``"out"``: ``recvbuf``,
+``"tmp"``: scratch owned by the schedule), then reducing or copying views locally.
+`bind` turns a schedule and actual arrays into a flat list of ``(function, args,
+keywords)`` calls, either blocking (``Sendrecv`` / ``Send`` / ``Recv``) or on persistent requests
+(``Send_init`` / ``Recv_init``, each step started and waited request by request,
+which costs mpi4py less than ``Startall`` / ``Waitall`` on a list). Running a plan is
+then one loop over prepared calls: no argument checks, slicing or allocation per call.
+"""
+import numpy as np
+
+#: Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
+COLLECTIVE_TAG = 0x6D6C
+NO_KEYWORDS = {}
+
+
+class Schedule:
+    """One rank's steps of a collective on the named buffers "in", "out" and "tmp".
+
+    Parameters
+    ----------
+    scratch : int
+        Items of the "tmp" buffer the steps use (0: none).
+
+    Attributes
+    ----------
+    steps : list of (sends, recvs, ops)
+        ``sends`` / ``recvs``: tuples of ``((buffer, slice), peer)``; ``ops``: tuples of
+        ``("reduce", a, b, out)`` (``out = a (op) b``) or ``("copy", source, target)``,
+        each view a ``(buffer, slice)`` pair. A step's ops run after its messages complete.
+    """
+
+    def __init__(self, scratch=0):
+        self.scratch, self.steps = scratch, []
+
+    def step(self, sends=(), recvs=(), ops=()):
+        """Append a step; return the schedule. A step that both sends and receives has one message
+        each way (any number of sends alone or receives alone)."""
+        if sends and recvs and len(sends) + len(recvs) != 2:
+            raise ValueError("a step that sends and receives has one message each way")
+        self.steps.append((tuple(sends), tuple(recvs), tuple(ops)))
+        return self
+
+    def exchange(self, outgoing, dest, incoming, source, reduce=None):
+        """Send ``outgoing`` to ``dest`` while receiving ``incoming`` from ``source``; then the optional
+        ``reduce = (a, b, out)``."""
+        return self.step([(outgoing, dest)], [(incoming, source)], [("reduce",) + reduce] if reduce else ())
+
+    def copy(self, source, target):
+        """A local copy (no message)."""
+        return self.step(ops=[("copy", source, target)])
+
+
+def bind(schedule, comm, arrays, ufunc, persistent):
+    """The calls running ``schedule`` on ``arrays`` (a dict: buffer name -> 1-D array).
+
+    Parameters
+    ----------
+    schedule : Schedule
+    comm : MPI.Comm
+    arrays : dict
+        "in", "out" and "tmp" arrays (only those the schedule names are used).
+    ufunc : numpy.ufunc or None
+        The reduction of "reduce" ops (None for collectives that do not reduce).
+    persistent : bool
+        True: messages on persistent requests (returned too, for `free_requests`);
+        False: blocking ``Sendrecv`` / ``Send`` / ``Recv``.
+
+    Returns
+    -------
+    calls : list of (function, args, keywords)
+    requests : list of MPI.Prequest
+    """
+    def view(spec):
+        name, part = spec
+        return arrays[name][part]
+
+    calls, requests = [], []
+    for sends, recvs, ops in schedule.steps:
+        sends = [(view(spec), peer) for spec, peer in sends]
+        recvs = [(view(spec), peer) for spec, peer in recvs]
+        if persistent:
+            posted = ([comm.Recv_init(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+                      + [comm.Send_init(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
+            requests += posted
+            calls += [(request.Start, (), NO_KEYWORDS) for request in posted]
+            calls += [(request.Wait, (), NO_KEYWORDS) for request in posted]
+        elif len(sends) == 1 and len(recvs) == 1:
+            (outgoing, dest), (incoming, source) = sends[0], recvs[0]
+            calls.append((comm.Sendrecv, (outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG), NO_KEYWORDS))
+        else:
+            calls += [(comm.Recv, (buf, peer, COLLECTIVE_TAG), NO_KEYWORDS) for buf, peer in recvs]
+            calls += [(comm.Send, (buf, peer, COLLECTIVE_TAG), NO_KEYWORDS) for buf, peer in sends]
+        for kind, *specs in ops:
+            if kind == "reduce":
+                a, b, out = (view(spec) for spec in specs)
+                calls.append((ufunc, (a, b), {"out": out}))
+            else:
+                source, target = specs
+                calls.append((np.copyto, (view(target), view(source)), NO_KEYWORDS))
+    return calls, requests
+
+
+def run_calls(calls):
+    """Run prepared ``(function, args, keywords)`` calls in order."""
+    for function, args, keywords in calls:
+        function(*args, **keywords)
+
+
+def free_requests(requests):
+    """Free persistent requests (inactive ones; an active one is completed first)."""
+    for request in requests:
+        if request:
+            request.Wait()
+            request.Free()
