@@ -21,12 +21,12 @@ class _Fold:
     ones wait in `unfold` for the result. Other ranks keep going as virtual rank
     ``rank - (p - p')``. ``data`` is the buffer holding this rank's contribution
     now: "out" after a fold, else "in" (out of place the input is not copied: the
-    algorithms' first step reads ``data`` and writes "out"). "tmp" receives the
-    partner's vector.
+    algorithms' first step reads ``data`` and writes "out"). The partner's data
+    lands in "out" while that is still free (`landing`), else in "tmp".
     """
 
-    def __init__(self, schedule, rank, p, n):
-        self.schedule, self.rank_in_comm, self.n = schedule, rank, n
+    def __init__(self, schedule, rank, p, n, in_place):
+        self.schedule, self.rank_in_comm, self.n, self.in_place = schedule, rank, n, in_place
         self.size = 1 << (p.bit_length() - 1)
         self.extra = p - self.size
         whole = slice(0, n)
@@ -35,9 +35,14 @@ class _Fold:
             schedule.step(sends=[(("in", whole), rank + 1)])
             self.rank = None
         elif rank < 2 * self.extra:
-            schedule.step(recvs=[(("tmp", whole), rank - 1)],
-                          ops=[("reduce", ("in", whole), ("tmp", whole), ("out", whole))])
+            incoming = (self.landing(), whole)
+            schedule.step(recvs=[(incoming, rank - 1)], ops=[("reduce", ("in", whole), incoming, ("out", whole))])
             self.rank, self.data = rank // 2, "out"
+
+    def landing(self):
+        """Where the partner's data can land: "out" while it holds nothing yet (out of place, before
+        this rank wrote it), else "tmp"."""
+        return "out" if self.data == "in" and not self.in_place else "tmp"
 
     def real_rank(self, virtual_rank):
         """Rank in ``comm`` of a virtual rank."""
@@ -68,14 +73,14 @@ def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False):
     schedule = _trivial(p, n, in_place)
     if schedule is not None:
         return schedule
-    schedule, whole = Schedule(scratch=n), slice(0, n)
-    fold = _Fold(schedule, rank, p, n)
+    schedule, whole = Schedule(), slice(0, n)
+    fold = _Fold(schedule, rank, p, n, in_place)
     if fold.rank is not None:
         distance = 1
         while distance < fold.size:
             partner = fold.real_rank(fold.rank ^ distance)
-            data = (fold.data, whole)
-            schedule.exchange(data, partner, ("tmp", whole), partner, reduce=(data, ("tmp", whole), ("out", whole)))
+            data, incoming = (fold.data, whole), (fold.landing(), whole)
+            schedule.exchange(data, partner, incoming, partner, reduce=(data, incoming, ("out", whole)))
             fold.data, distance = "out", distance << 1
     fold.unfold()
     return schedule
@@ -86,8 +91,8 @@ def rabenseifner_schedule(rank, p, n, itemsize=None, in_place=False):
     schedule = _trivial(p, n, in_place)
     if schedule is not None:
         return schedule
-    schedule = Schedule(scratch=n)
-    fold = _Fold(schedule, rank, p, n)
+    schedule = Schedule()
+    fold = _Fold(schedule, rank, p, n, in_place)
     if fold.rank is not None:
         bounds = block_offsets(n, fold.size) + [n]
 
@@ -99,7 +104,8 @@ def rabenseifner_schedule(rank, p, n, itemsize=None, in_place=False):
         for distance in reversed(distances):
             partner = fold.rank ^ distance
             mine, theirs = group(fold.rank, distance), group(partner, distance)
-            real, incoming = fold.real_rank(partner), ("tmp", slice(0, mine.stop - mine.start))
+            real = fold.real_rank(partner)
+            incoming = ("out", mine) if fold.landing() == "out" else ("tmp", slice(0, mine.stop - mine.start))
             schedule.exchange((fold.data, theirs), real, incoming, real,
                               reduce=((fold.data, mine), incoming, ("out", mine)))
             fold.data = "out"
@@ -125,7 +131,8 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     For ``p`` not a power of two the first ``2 (p - p')`` ranks fold pairwise first
     and get the result back at the end (`_Fold`). Cost per rank:
     ``log2 p' (alpha + n beta + n gamma)``; folding adds ``2 (alpha + n beta) + n gamma``
-    to the critical path. Latency-optimal; best for small vectors. Scratch: ``n`` bytes.
+    to the critical path. Latency-optimal; best for small vectors. Scratch: ``n`` bytes (none
+    out of place on two ranks: the partner's vector lands in ``recvbuf``).
     """
     return _RECURSIVE_DOUBLING(comm, sendbuf, recvbuf, op)
 
@@ -143,6 +150,7 @@ def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     allgather retraces the steps with ``d = 1, ..., p'/2``. Extra ranks fold as in
     `allreduce_recursive_doubling`. Cost per rank:
     ``2 log2 p' alpha + 2 (p'-1)/p' n beta + (p'-1)/p' n gamma``; folding adds
-    ``2 (alpha + n beta) + n gamma`` to the critical path. Scratch: ``n`` bytes.
+    ``2 (alpha + n beta) + n gamma`` to the critical path. Scratch: at most ``n`` bytes, none out
+    of place on two ranks (the first half lands in ``recvbuf``).
     """
     return _RABENSEIFNER(comm, sendbuf, recvbuf, op)

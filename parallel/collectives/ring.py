@@ -39,14 +39,9 @@ def _allgather_steps(schedule, rank, p, slices):
         schedule.exchange(("out", slices[(rank - step) % p]), right, ("out", slices[(rank - step - 1) % p]), left)
 
 
-def _scratch(n, p, in_place):
-    """Two blocks of "tmp" when partials cannot land in "out"."""
-    return 2 * -(-n // p) if in_place and p > 1 else 0
-
-
 def ring_schedule(rank, p, n, itemsize=None, in_place=False):
     """Steps of `allreduce_ring` on ``rank`` for ``n`` items (a `Schedule`)."""
-    schedule = Schedule(_scratch(n, p, in_place))
+    schedule = Schedule()
     if n and p == 1 and not in_place:
         schedule.copy(("in", slice(0, n)), ("out", slice(0, n)))
     elif n and p > 1:
@@ -59,7 +54,7 @@ def ring_schedule(rank, p, n, itemsize=None, in_place=False):
 def _reduce_scatter_schedule(rank, p, n, itemsize, in_place):
     slices = block_slices(n, p)
     out = ("out", slices[rank] if in_place else slice(0, slices[rank].stop - slices[rank].start))
-    schedule = Schedule(_scratch(n, p, True))
+    schedule = Schedule()
     if n and p == 1 and not in_place:
         schedule.copy(("in", slices[0]), out)
     elif n and p > 1:

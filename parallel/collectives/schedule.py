@@ -20,21 +20,18 @@ NO_KEYWORDS = {}
 class Schedule:
     """One rank's steps of a collective on the named buffers "in", "out" and "tmp".
 
-    Parameters
-    ----------
-    scratch : int
-        Items of the "tmp" buffer the steps use (0: none).
-
     Attributes
     ----------
+    scratch : int
+        Items of the "tmp" buffer the steps use (0: none), kept up to date by `step`.
     steps : list of (sends, recvs, ops)
         ``sends`` / ``recvs``: tuples of ``((buffer, slice), peer)``; ``ops``: tuples of
         ``("reduce", a, b, out)`` (``out = a (op) b``) or ``("copy", source, target)``,
         each view a ``(buffer, slice)`` pair. A step's ops run after its messages complete.
     """
 
-    def __init__(self, scratch=0):
-        self.scratch, self.steps = scratch, []
+    def __init__(self):
+        self.scratch, self.steps = 0, []
 
     def step(self, sends=(), recvs=(), ops=()):
         """Append a step; return the schedule. A step that both sends and receives has one message
@@ -42,6 +39,8 @@ class Schedule:
         if sends and recvs and len(sends) + len(recvs) != 2:
             raise ValueError("a step that sends and receives has one message each way")
         self.steps.append((tuple(sends), tuple(recvs), tuple(ops)))
+        views = [spec for spec, _ in sends] + [spec for spec, _ in recvs] + [spec for _, *specs in ops for spec in specs]
+        self.scratch = max([self.scratch] + [part.stop for name, part in views if name == "tmp"])
         return self
 
     def exchange(self, outgoing, dest, incoming, source, reduce=None):

@@ -13,7 +13,7 @@ def tree_schedule(rank, p, n, itemsize=None, in_place=False):
     """Steps of `allreduce_tree` on ``rank`` for ``n`` items (a `Schedule`)."""
     whole = slice(0, n)
     out = ("out", whole)
-    schedule = Schedule(scratch=n if p > 1 else 0)
+    schedule = Schedule()
     if n and not in_place:
         schedule.copy(("in", whole), out)
     if n == 0 or p == 1:
