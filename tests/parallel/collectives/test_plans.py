@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from kernels.distribution import block_range
 from parallel.collectives import ALLREDUCE_ALGORITHMS, plans, release_plans
-from parallel.collectives.auto import RING_BYTES, SMALL_BYTES, choose
+from parallel.collectives.auto import SMALL_BYTES, choose
 from parallel.collectives.ring import allgather_ring, reduce_scatter_ring
 
 ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
@@ -189,14 +189,16 @@ def test_buffer_protocol_objects_are_not_held_after_the_call(fresh):
 
 
 def test_auto_chooses_recursive_doubling_small_and_bandwidth_optimal_large():
-    assert [choose(p, SMALL_BYTES) for p in (2, 3, 4, 7)] == ["recursive_doubling"] * 4
-    assert [choose(p, SMALL_BYTES + 1) for p in (2, 3, 4, 7)] == ["rabenseifner"] * 4
-    assert [choose(p, RING_BYTES) for p in (2, 3, 4, 5, 6, 7, 8)] == [
-        "rabenseifner", "ring", "rabenseifner", "ring", "ring", "ring", "rabenseifner"]
+    assert [choose(p, SMALL_BYTES) for p in (1, 2, 3)] == ["recursive_doubling"] * 3
+    assert [choose(p, SMALL_BYTES // 2) for p in (4, 5, 7)] == ["recursive_doubling"] * 3
+    assert [choose(p, SMALL_BYTES // 2 + 1) for p in (2, 3, 4, 5, 6, 7, 8)] == [
+        "recursive_doubling", "recursive_doubling", "rabenseifner", "ring", "ring", "ring", "rabenseifner"]
+    assert [choose(p, SMALL_BYTES + 1) for p in (2, 3, 4, 7, 8)] == [
+        "rabenseifner", "ring", "rabenseifner", "ring", "rabenseifner"]
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("nbytes", [8, SMALL_BYTES, SMALL_BYTES + 8, RING_BYTES, RING_BYTES + 8])
+@pytest.mark.parametrize("nbytes", [8, SMALL_BYTES // 4, SMALL_BYTES // 4 + 8, SMALL_BYTES // 2, SMALL_BYTES // 2 + 8])
 def test_auto_matches_numpy_across_its_thresholds(fresh, nbytes):
     comm, n = fresh, nbytes // 8
     mine = _contribution(comm.rank, n, np.float64, 0)
