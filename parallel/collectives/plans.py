@@ -127,9 +127,10 @@ class _Plan:
     def fits(self, comm, sendbuf, recvbuf, op):
         """Whether the same objects still have the handle, shape, strides, dtype and ``op`` of the plan."""
         return ((op is self.op or op == self.op) and comm.handle == self.handle
-                and _signature(recvbuf) == self.recv_signature
+                and (recvbuf.shape, recvbuf.strides, recvbuf.dtype) == self.recv_signature
                 and recvbuf.flags.writeable
-                and (sendbuf is MPI.IN_PLACE or _signature(sendbuf) == self.send_signature))
+                and (sendbuf is MPI.IN_PLACE
+                     or (sendbuf.shape, sendbuf.strides, sendbuf.dtype) == self.send_signature))
 
     def run(self):
         if self.calls is None:
