@@ -16,7 +16,10 @@ A plan is served only to the very objects it was built for (it holds them, so th
 ids cannot be reused), and only while the communicator is not freed and the buffers'
 shape, strides and dtype, ``recvbuf``'s writeability and ``op`` are still those it was
 built for; any other call is checked in full and gets a plan of its own. The cache
-holds `CACHE_SIZE` entries at most, least recently used evicted first; an evicted plan
+holds `CACHE_SIZE` entries at most, evicted oldest first but for a second chance to
+those used since they were last looked at (CLOCK, close to least recently used; a
+hit costs no reordering), and each collective tries its previous call's plan before
+the cache; an evicted plan
 frees its requests and lets go of its buffers (until then it keeps them alive).
 Entries also go on `release_plans` (call it before freeing a communicator used with
 repeated buffers: MPI keeps a communicator with persistent requests alive until
@@ -73,7 +76,12 @@ def _store(key, entry, comm):
     entry.comm_entries = entries
     entries.keys.add(key)
     while len(_CACHE) > CACHE_SIZE:
-        _evict(next(iter(_CACHE)))
+        oldest, entry = next(iter(_CACHE.items()))
+        if entry.used:                      # second chance (CLOCK): a hit costs one store, not a move
+            entry.used = False
+            _CACHE.move_to_end(oldest)
+        else:
+            _evict(oldest)
 
 
 def _evict(key):
@@ -103,7 +111,7 @@ def _release_before_finalize():
 
 class _Layout:
     def __init__(self, schedule, dtype, comm):
-        self.schedule, self.comm = schedule, comm
+        self.schedule, self.comm, self.used = schedule, comm, False
         self.scratch = np.empty(schedule.scratch, dtype)
 
     def release(self):
@@ -117,8 +125,10 @@ def _signature(array):
 class _Plan:
     """A layout bound to one pair of NumPy buffers; persistent requests from its first `run`."""
 
-    def __init__(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf):
-        self.layout, self.comm, self.arrays, self.ufunc, self.op = layout, comm, arrays, ufunc, op
+    def __init__(self, collective, layout, comm, arrays, ufunc, op, sendbuf, recvbuf):
+        self.collective, self.layout, self.comm, self.arrays, self.ufunc, self.op = (
+            collective, layout, comm, arrays, ufunc, op)
+        self.used = False
         self.sendbuf, self.recvbuf, self.handle = sendbuf, recvbuf, comm.handle
         self.send_signature = None if sendbuf is MPI.IN_PLACE else _signature(sendbuf)
         self.recv_signature = _signature(recvbuf)
@@ -135,9 +145,12 @@ class _Plan:
     def run(self):
         if self.calls is None:
             self.calls, self.requests = bind(self.layout.schedule, self.comm, self.arrays, self.ufunc, True)
-        run_calls(self.calls)
+        for call in self.calls:
+            call()
 
     def release(self):
+        if self.collective.last is self:
+            self.collective.last = None
         free_requests(self.requests)
         self.calls, self.requests, self.arrays, self.sendbuf, self.recvbuf = None, [], None, None, None
 
@@ -159,19 +172,21 @@ class Collective:
 
     def __init__(self, name, schedule, length, reduces=True):
         self.name, self.schedule, self.length, self.reduces = name, schedule, length, reduces
+        self.last = None  # the plan of the previous call, tried before the cache
 
     def __repr__(self):
         return f"Collective({self.name!r})"
 
     def __call__(self, comm, sendbuf, recvbuf, op="sum"):
         """Run on ``comm``; return ``recvbuf`` (conventions of `parallel.collectives.base`)."""
-        key = (self, id(comm), id(sendbuf), id(recvbuf))
-        plan = _CACHE.get(key)
+        plan = self.last
+        if plan is None or plan.recvbuf is not recvbuf or plan.sendbuf is not sendbuf or plan.comm is not comm:
+            plan = _CACHE.get((self, id(comm), id(sendbuf), id(recvbuf)))
         if plan is not None and plan.fits(comm, sendbuf, recvbuf, op):
-            _CACHE.move_to_end(key)
+            plan.used, self.last = True, plan
             plan.run()
         else:
-            self._first_call(key, comm, sendbuf, recvbuf, op)
+            self._first_call((self, id(comm), id(sendbuf), id(recvbuf)), comm, sendbuf, recvbuf, op)
         return recvbuf
 
     def _first_call(self, key, comm, sendbuf, recvbuf, op):
@@ -185,7 +200,7 @@ class Collective:
         arrays = {"in": source, "out": recv, "tmp": layout.scratch}
         run_calls(bind(layout.schedule, comm, arrays, ufunc, False)[0])
         if send is sendbuf and recv is recvbuf:
-            _store(key, _Plan(layout, comm, arrays, ufunc, op, sendbuf, recvbuf), comm)
+            _store(key, _Plan(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf), comm)
 
     def _layout(self, comm, n, dtype, in_place):
         key = (self, id(comm), n, dtype, in_place)
@@ -195,5 +210,5 @@ class Collective:
             layout = _Layout(schedule, dtype, comm)
             _store(key, layout, comm)
         else:
-            _CACHE.move_to_end(key)
+            layout.used = True
         return layout

@@ -4,17 +4,18 @@ An algorithm describes one rank's part of a collective once per (rank count, ran
 length, place) as a `Schedule`: a list of steps, each posting sends and receives of
 contiguous views of three named buffers (``"in"``: the input, ``"out"``: ``recvbuf``,
 ``"tmp"``: scratch owned by the schedule), then reducing or copying views locally.
-`bind` turns a schedule and actual arrays into a flat list of ``(function, args,
-keywords)`` calls, either blocking (``Sendrecv`` / ``Send`` / ``Recv``) or on persistent requests
+`bind` turns a schedule and actual arrays into a flat list of argument-free
+calls, either blocking (``Sendrecv`` / ``Send`` / ``Recv``) or on persistent requests
 (``Send_init`` / ``Recv_init``, each step started and waited request by request,
 which costs mpi4py less than ``Startall`` / ``Waitall`` on a list). Running a plan is
 then one loop over prepared calls: no argument checks, slicing or allocation per call.
 """
+from functools import partial
+
 import numpy as np
 
 #: Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
 COLLECTIVE_TAG = 0x6D6C
-NO_KEYWORDS = {}
 
 
 class Schedule:
@@ -70,7 +71,8 @@ def bind(schedule, comm, arrays, ufunc, persistent):
 
     Returns
     -------
-    calls : list of (function, args, keywords)
+    calls : list of callables
+        Each takes no argument (bound methods and `functools.partial` objects).
     requests : list of MPI.Prequest
     """
     def view(spec):
@@ -85,28 +87,28 @@ def bind(schedule, comm, arrays, ufunc, persistent):
             posted = ([comm.Recv_init(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
                       + [comm.Send_init(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
             requests += posted
-            calls += [(request.Start, (), NO_KEYWORDS) for request in posted]
-            calls += [(request.Wait, (), NO_KEYWORDS) for request in posted]
+            calls += [request.Start for request in posted] + [request.Wait for request in posted]
         elif len(sends) == 1 and len(recvs) == 1:
             (outgoing, dest), (incoming, source) = sends[0], recvs[0]
-            calls.append((comm.Sendrecv, (outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG), NO_KEYWORDS))
+            calls.append(partial(comm.Sendrecv, outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG))
         else:
-            calls += [(comm.Recv, (buf, peer, COLLECTIVE_TAG), NO_KEYWORDS) for buf, peer in recvs]
-            calls += [(comm.Send, (buf, peer, COLLECTIVE_TAG), NO_KEYWORDS) for buf, peer in sends]
+            calls += [partial(comm.Recv, buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+            calls += [partial(comm.Send, buf, peer, COLLECTIVE_TAG) for buf, peer in sends]
         for kind, *specs in ops:
             if kind == "reduce":
                 a, b, out = (view(spec) for spec in specs)
-                calls.append((ufunc, (a, b), {"out": out}))
+                # ``out`` positionally is cheaper to call; NumPy deprecates that for np.maximum only.
+                calls.append(partial(ufunc, a, b, out) if ufunc is np.add else partial(ufunc, a, b, out=out))
             else:
                 source, target = specs
-                calls.append((np.copyto, (view(target), view(source)), NO_KEYWORDS))
+                calls.append(partial(np.copyto, view(target), view(source)))
     return calls, requests
 
 
 def run_calls(calls):
-    """Run prepared ``(function, args, keywords)`` calls in order."""
-    for function, args, keywords in calls:
-        function(*args, **keywords)
+    """Run prepared argument-free calls in order."""
+    for call in calls:
+        call()
 
 
 def free_requests(requests):

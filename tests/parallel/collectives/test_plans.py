@@ -125,7 +125,7 @@ def test_plans_are_per_communicator(comm, fresh, algorithm):
 @pytest.mark.mpi(min_size=2)
 def test_the_cache_is_bounded_and_evicted_plans_free_their_requests(fresh):
     comm, allreduce = fresh, ALLREDUCE_ALGORITHMS["recursive_doubling"]
-    pairs = [(np.ones(4), np.zeros(4)) for _ in range(plans.CACHE_SIZE + 4)]
+    pairs = [(np.ones(4), np.zeros(4)) for _ in range(2 * plans.CACHE_SIZE + 4)]
     for send, recv in pairs[:1] * 2:
         allreduce(comm, send, recv)
     requests = list(_plans_of(comm)[0].requests)
