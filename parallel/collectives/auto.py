@@ -8,12 +8,13 @@ a power-of-two rank count, the ring otherwise. Conventions as in
 How the thresholds were chosen
     MPICH switches from recursive doubling to Rabenseifner above 2 KiB
     (``MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE``). Measured here on 2 ranks (MPICH 5.0.2,
-    shared memory; min over samples, same buffers every call), recursive doubling
-    beat Rabenseifner and the ring by 1.6-1.8x from 32 KiB to 512 KiB, tied at
-    8 KiB and 1 MiB, and lost from 2 MiB up (0.8-0.9x of their speed): every extra
-    message costs a rendezvous hand-shake that the halved volume repays only for
-    vectors of megabytes. So recursive doubling runs while the bytes it sends,
-    ``log2 p' n``, stay within `SMALL_BYTES` = 1 MiB (on more ranks it sends more
+    shared memory, same buffers every call; `mlscale sweep allreduce --np 2 --ranks 2
+    --sizes 8:16M` and an interleaved min-over-samples loop, under load), recursive
+    doubling beat Rabenseifner and the ring by 1.2-1.8x from 16 KiB to 256 KiB, tied
+    at 8 KiB and 512 KiB, and lost from 1 MiB up (0.75-0.9x of their speed): each
+    extra message costs a hand-shake that the halved volume repays only for vectors
+    near a megabyte. So recursive doubling runs while the bytes it sends,
+    ``log2 p' n``, stay within `SMALL_BYTES` = 512 KiB (on more ranks it sends more
     than the ``2 n`` of the others, so it stops earlier). Above, a rank count that
     is not a power of two takes the ring: Rabenseifner's fold and unfold send the
     whole vector twice more on the critical path, while the ring's extra messages
@@ -26,7 +27,7 @@ from parallel.collectives.power_of_two import rabenseifner_schedule, recursive_d
 from parallel.collectives.ring import ring_schedule
 
 #: Recursive doubling while it sends at most this many bytes per rank (``log2 p' n``).
-SMALL_BYTES = 1 << 20
+SMALL_BYTES = 1 << 19
 
 SCHEDULES = {"recursive_doubling": recursive_doubling_schedule, "rabenseifner": rabenseifner_schedule,
              "ring": ring_schedule}
