@@ -13,7 +13,8 @@ from mpi4py import MPI
 from bench.case import Case, bandwidth_metrics
 from bench.report.model import log2_ceil
 from kernels.errors import InputError
-from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
+from parallel.collectives.auto import choose
 
 SEED = 2024
 
@@ -42,8 +43,10 @@ class Allreduce(Case):
     default_sizes = "8:16M"
     metrics_help = "algbw = size / time; busbw = algbw * 2(p-1)/p (nccl-tests), GB/s"
     description = ("MPI_Allreduce against the hand-written ring, recursive-doubling, Rabenseifner and binomial-tree "
-                   "algorithms of parallel.collectives. Every rank sums a vector of size bytes out of place; the "
-                   "inputs are small integers, so every order of summation gives the exact sum the check expects.")
+                   "algorithms of parallel.collectives, and auto (one of them by size, as MPICH chooses). Every rank "
+                   "sums a vector of size bytes out of place, the same buffers every run (the algorithms run them on "
+                   "persistent requests from the second run); the inputs are small integers, so every order of "
+                   "summation gives the exact sum the check expects.")
 
     def problem_size(self, size, ranks, scaling):
         return size
@@ -64,6 +67,10 @@ class Allreduce(Case):
     def run(self, state):
         state.backend.staged(state.algorithm, state.send, state.recv, outputs=(1,))
 
+    def teardown(self, state):
+        """Free the plans (persistent requests) kept for this point's buffers."""
+        release_plans(state.comm)
+
     def check(self, state):
         count = state.recv.size
         expected = sum(rank_input(rank, count, state.dtype) for rank in range(state.comm.size))
@@ -80,7 +87,7 @@ class Allreduce(Case):
         recursive doubling: log2 p' (alpha + n beta + n gamma); Rabenseifner:
         2 log2 p' alpha + 2(p'-1)/p' n beta + (p'-1)/p' n gamma; tree: ceil(log2 p)
         (2 alpha + 2 n beta + n gamma); mpi: the cheaper of recursive doubling and
-        Rabenseifner (MPICH's choice by size). One rank: a copy of n bytes.
+        Rabenseifner (MPICH's choice by size); auto: the algorithm it chooses. One rank: a copy of n bytes.
         """
         alpha, beta, gamma = calib["alpha_s"], calib["beta_s_per_byte"], calib["gamma_s_per_byte"]
         n, p = size, ranks
@@ -96,6 +103,7 @@ class Allreduce(Case):
             "tree": log2_ceil(p) * (2 * alpha + 2 * n * beta + n * gamma),
         }
         costs["mpi"] = min(costs["recursive_doubling"], costs["rabenseifner"])
+        costs["auto"] = costs[choose(p, n)]
         return costs[variant]
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

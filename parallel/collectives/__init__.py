@@ -9,8 +9,15 @@ and works on point-to-point messages for any rank count and length (conventions 
 - ``recursive_doubling`` (latency-optimal) and ``rabenseifner`` (bandwidth-optimal
   in ``2 log2 p'`` messages): `parallel.collectives.power_of_two` (both fold
   non-powers of two),
-- ``tree``: `parallel.collectives.tree` (binomial reduce and broadcast).
+- ``tree``: `parallel.collectives.tree` (binomial reduce and broadcast),
+- ``auto``: `parallel.collectives.auto` (one of the above by size and rank count).
+
+Each algorithm lays out its steps once per shape and reuses them
+(`parallel.collectives.plans`: persistent requests when the same buffers come back;
+`release_plans` frees them).
 """
+from parallel.collectives.auto import allreduce_auto
+from parallel.collectives.plans import release_plans
 from parallel.collectives.power_of_two import allreduce_rabenseifner, allreduce_recursive_doubling
 from parallel.collectives.ring import allreduce_ring
 from parallel.collectives.tree import allreduce_tree
@@ -20,4 +27,7 @@ ALLREDUCE_ALGORITHMS = {
     "recursive_doubling": allreduce_recursive_doubling,
     "rabenseifner": allreduce_rabenseifner,
     "tree": allreduce_tree,
+    "auto": allreduce_auto,
 }
+
+__all__ = ["ALLREDUCE_ALGORITHMS", "release_plans"]

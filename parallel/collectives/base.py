@@ -1,18 +1,19 @@
-"""Shared groundwork of the hand-written collectives: argument checks, block layout, tagged exchanges.
+"""Shared groundwork of the hand-written collectives: argument checks and block layout.
 
 The collectives (`parallel.collectives.ring`, `parallel.collectives.power_of_two`,
-`parallel.collectives.tree`) work on point-to-point messages for any rank count ``p``,
+`parallel.collectives.tree`, `parallel.collectives.auto`) work on point-to-point messages for any rank count ``p``,
 any length (also below ``p``, and zero), 1-D contiguous buffers of integers or
 floating-point numbers (NumPy arrays or any buffer-protocol object, as mpi4py
 takes them; complex numbers for "sum" only); ``op`` "sum" or "max" (or
 ``MPI.SUM`` / ``MPI.MAX``), reduced by NumPy ufuncs in place; messages are
-contiguous views, never copies. A caller's misuse is a ``TypeError`` (not a
+contiguous views, never copies. Each algorithm lays out its steps as a
+`parallel.collectives.schedule.Schedule`; `parallel.collectives.plans` checks the
+arguments and caches layouts and plans (persistent requests). A caller's misuse is a ``TypeError`` (not a
 buffer, unsupported type, mismatched types) or a ``ValueError`` (unknown op,
-shape, contiguity, length), as in mpi4py; these are library errors, not user input. Costs are per rank, alpha per message, beta per byte sent,
+shape, contiguity, length), as in mpi4py; these are library errors, not user
+input. Costs are per rank, alpha per message, beta per byte sent,
 gamma per byte reduced; ``n`` is the vector size in bytes, ``p' = 2**floor(log2 p)``.
 """
-import functools
-
 import numpy as np
 from mpi4py import MPI
 
@@ -22,8 +23,6 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum}
 MPI_OPS = ((MPI.SUM, "sum"), (MPI.MAX, "max"))
 #: NumPy dtype kinds the collectives reduce: signed and unsigned integers, floats, complex (sum only).
 SUPPORTED_KINDS = "iufc"
-# Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
-COLLECTIVE_TAG = 0x6D6C
 
 
 def reduce_ufunc(op, dtype=None):
@@ -49,16 +48,6 @@ def buffer_array(name, buffer):
         raise TypeError(f"{name} must be a buffer (a NumPy array or another buffer-protocol object), "
                         f"not {type(buffer).__name__}") from None
     return np.asarray(buffer)
-
-
-def accepts_buffers(collective):
-    """Decorate ``collective(comm, sendbuf, recvbuf, ...)`` to take any buffers and return ``recvbuf`` as passed."""
-    @functools.wraps(collective)
-    def wrapper(comm, sendbuf, recvbuf, *args, **kwargs):
-        send = sendbuf if sendbuf is MPI.IN_PLACE else buffer_array("sendbuf", sendbuf)
-        collective(comm, send, buffer_array("recvbuf", recvbuf), *args, **kwargs)
-        return recvbuf
-    return wrapper
 
 
 def operands(sendbuf, recvbuf):
@@ -88,31 +77,13 @@ def check_block(comm, name, array, n):
     _check_size(name, array, stop - start, f"block {comm.rank} of {n} items over {comm.size} ranks")
 
 
-def allreduce_operands(sendbuf, recvbuf, op, copy_input=True):
-    """Validate allreduce arguments; return the input array and the ufunc.
-
-    With ``copy_input`` an out-of-place input is first copied into ``recvbuf``.
-    """
-    source = operands(sendbuf, recvbuf)
-    ufunc = reduce_ufunc(op, source.dtype)
+def allreduce_length(comm, source, recvbuf):
+    """Both vectors have the same length ``n``; return it."""
     _check_size("sendbuf", source, recvbuf.size, "the length of recvbuf")
-    if copy_input and source is not recvbuf:
-        np.copyto(recvbuf, source)
-    return source, ufunc
+    return recvbuf.size
 
 
 def block_slices(n, parts):
     """Slices of the ``parts`` blocks of ``n`` items (layout of `block_range`)."""
     bounds = block_offsets(n, parts) + [n]
     return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
-
-
-def exchange(comm, outgoing, dest, incoming, source):
-    """Send ``outgoing`` to ``dest`` while receiving ``incoming`` from ``source``."""
-    comm.Sendrecv(outgoing, dest, COLLECTIVE_TAG, recvbuf=incoming, source=source, recvtag=COLLECTIVE_TAG)
-
-
-def exchange_and_reduce(comm, outgoing, dest, incoming, source, local, ufunc, out=None):
-    """`exchange`, then ``out = local (op) incoming`` (``out`` defaults to ``local``); return ``out``."""
-    exchange(comm, outgoing, dest, incoming, source)
-    return ufunc(local, incoming, out=local if out is None else out)

@@ -1,70 +1,126 @@
 """Allreduce on ``p' = 2**floor(log2 p)`` virtual ranks: recursive doubling and Rabenseifner.
 
 Both pair ranks whose virtual ranks differ in one bit, so they need a power-of-two
-rank count; other counts fold the surplus ranks in first (`_PowerOfTwoFold`,
-MPICH's scheme) and hand them the result at the end. Conventions and cost
-notation as in `parallel.collectives.base`.
+rank count; other counts fold the surplus ranks in first (`_Fold`, MPICH's scheme)
+and hand them the result at the end. The steps are laid out once per shape
+(`parallel.collectives.schedule`) and run from cached plans
+(`parallel.collectives.plans`). Conventions and cost notation as in
+`parallel.collectives.base`.
 """
-import numpy as np
-
 from kernels.distribution import block_offsets
-from parallel.collectives.base import (COLLECTIVE_TAG, accepts_buffers, allreduce_operands, exchange,
-                                      exchange_and_reduce)
+from parallel.collectives.base import allreduce_length
+from parallel.collectives.plans import Collective
+from parallel.collectives.schedule import Schedule
 
 
-class _PowerOfTwoFold:
+class _Fold:
     """Fold ``p`` ranks onto ``p' = 2**floor(log2 p)`` virtual ranks (MPICH's scheme).
 
     Of the first ``2 (p - p')`` ranks, each even one sends its whole input to the
-    odd one above it, which reduces both into ``recvbuf`` and stands for both; the
-    even ones wait in `unfold` for the result. Other ranks keep going as virtual
-    rank ``rank - (p - p')``. ``data`` is where this rank's contribution now is:
-    ``recvbuf`` after a fold, else the input itself. Out of place the input is not
-    copied: the algorithms' first step reads ``data`` and writes ``recvbuf``.
+    odd one above it, which reduces both into "out" and stands for both; the even
+    ones wait in `unfold` for the result. Other ranks keep going as virtual rank
+    ``rank - (p - p')``. ``data`` is the buffer holding this rank's contribution
+    now: "out" after a fold, else "in" (out of place the input is not copied: the
+    algorithms' first step reads ``data`` and writes "out"). The partner's data
+    lands in "out" while that is still free (`landing`), else in "tmp".
     """
 
-    def __init__(self, comm, source, recvbuf, scratch, ufunc):
-        self.comm, self.scratch, self.ufunc = comm, scratch, ufunc
-        self.size = 1 << (comm.size.bit_length() - 1)
-        self.extra = comm.size - self.size
-        rank = comm.rank
-        self.rank, self.data = None, source
-        if rank < 2 * self.extra:
-            if rank % 2 == 0:
-                comm.Send(source, dest=rank + 1, tag=COLLECTIVE_TAG)
-                return
-            comm.Recv(scratch, source=rank - 1, tag=COLLECTIVE_TAG)
-            ufunc(source, scratch, out=recvbuf)
-            self.rank, self.data = rank // 2, recvbuf
-        else:
-            self.rank = rank - self.extra
+    def __init__(self, schedule, rank, p, n, in_place):
+        self.schedule, self.rank_in_comm, self.n, self.in_place = schedule, rank, n, in_place
+        self.size = 1 << (p.bit_length() - 1)
+        self.extra = p - self.size
+        whole = slice(0, n)
+        self.rank, self.data = rank - self.extra, "in"
+        if rank < 2 * self.extra and rank % 2 == 0:
+            schedule.step(sends=[(("in", whole), rank + 1)])
+            self.rank = None
+        elif rank < 2 * self.extra:
+            incoming = (self.landing(), whole)
+            schedule.step(recvs=[(incoming, rank - 1)], ops=[("reduce", ("in", whole), incoming, ("out", whole))])
+            self.rank, self.data = rank // 2, "out"
 
-    @classmethod
-    def start(cls, comm, sendbuf, recvbuf, op):
-        """Validate an allreduce and fold; None when nothing is to reduce (one rank: input copied).
-
-        The fold gets a scratch vector as long as ``recvbuf`` for incoming data.
-        """
-        source, ufunc = allreduce_operands(sendbuf, recvbuf, op, copy_input=comm.size == 1)
-        if recvbuf.size == 0 or comm.size == 1:
-            return None
-        return cls(comm, source, recvbuf, np.empty_like(recvbuf), ufunc)
+    def landing(self):
+        """Where the partner's data can land: "out" while it holds nothing yet (out of place, before
+        this rank wrote it), else "tmp"."""
+        return "out" if self.data == "in" and not self.in_place else "tmp"
 
     def real_rank(self, virtual_rank):
         """Rank in ``comm`` of a virtual rank."""
         return 2 * virtual_rank + 1 if virtual_rank < self.extra else virtual_rank + self.extra
 
-    def unfold(self, work):
-        """Hand the finished ``work`` back to the ranks folded away."""
-        rank = self.comm.rank
+    def unfold(self):
+        """Hand the finished "out" back to the ranks folded away."""
+        rank, whole = self.rank_in_comm, ("out", slice(0, self.n))
         if rank < 2 * self.extra:
             if rank % 2:
-                self.comm.Send(work, dest=rank - 1, tag=COLLECTIVE_TAG)
+                self.schedule.step(sends=[(whole, rank - 1)])
             else:
-                self.comm.Recv(work, source=rank + 1, tag=COLLECTIVE_TAG)
+                self.schedule.step(recvs=[(whole, rank + 1)])
 
 
-@accepts_buffers
+def _trivial(p, n, in_place):
+    """The schedule of one rank or an empty vector (a copy out of place), else None."""
+    if n == 0 or p == 1:
+        schedule = Schedule()
+        if n and not in_place:
+            schedule.copy(("in", slice(0, n)), ("out", slice(0, n)))
+        return schedule
+    return None
+
+
+def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False):
+    """Steps of `allreduce_recursive_doubling` on ``rank`` for ``n`` items (a `Schedule`)."""
+    schedule = _trivial(p, n, in_place)
+    if schedule is not None:
+        return schedule
+    schedule, whole = Schedule(), slice(0, n)
+    fold = _Fold(schedule, rank, p, n, in_place)
+    if fold.rank is not None:
+        distance = 1
+        while distance < fold.size:
+            partner = fold.real_rank(fold.rank ^ distance)
+            data, incoming = (fold.data, whole), (fold.landing(), whole)
+            schedule.exchange(data, partner, incoming, partner, reduce=(data, incoming, ("out", whole)))
+            fold.data, distance = "out", distance << 1
+    fold.unfold()
+    return schedule
+
+
+def rabenseifner_schedule(rank, p, n, itemsize=None, in_place=False):
+    """Steps of `allreduce_rabenseifner` on ``rank`` for ``n`` items (a `Schedule`)."""
+    schedule = _trivial(p, n, in_place)
+    if schedule is not None:
+        return schedule
+    schedule = Schedule()
+    fold = _Fold(schedule, rank, p, n, in_place)
+    if fold.rank is not None:
+        bounds = block_offsets(n, fold.size) + [n]
+
+        def group(virtual_rank, distance):
+            first = virtual_rank // distance * distance
+            return slice(bounds[first], bounds[first + distance])
+
+        distances = [1 << k for k in range(fold.size.bit_length() - 1)]
+        for distance in reversed(distances):
+            partner = fold.rank ^ distance
+            mine, theirs = group(fold.rank, distance), group(partner, distance)
+            real = fold.real_rank(partner)
+            incoming = ("out", mine) if fold.landing() == "out" else ("tmp", slice(0, mine.stop - mine.start))
+            schedule.exchange((fold.data, theirs), real, incoming, real,
+                              reduce=((fold.data, mine), incoming, ("out", mine)))
+            fold.data = "out"
+        for distance in distances:
+            partner = fold.rank ^ distance
+            real = fold.real_rank(partner)
+            schedule.exchange(("out", group(fold.rank, distance)), real, ("out", group(partner, distance)), real)
+    fold.unfold()
+    return schedule
+
+
+_RECURSIVE_DOUBLING = Collective("allreduce_recursive_doubling", recursive_doubling_schedule, allreduce_length)
+_RABENSEIFNER = Collective("allreduce_rabenseifner", rabenseifner_schedule, allreduce_length)
+
+
 def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive doubling: ``log2 p'`` full-vector exchanges.
 
@@ -73,24 +129,14 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     Notes
     -----
     For ``p`` not a power of two the first ``2 (p - p')`` ranks fold pairwise first
-    and get the result back at the end (`_PowerOfTwoFold`). Cost per rank:
+    and get the result back at the end (`_Fold`). Cost per rank:
     ``log2 p' (alpha + n beta + n gamma)``; folding adds ``2 (alpha + n beta) + n gamma``
-    to the critical path. Latency-optimal; best for small vectors.
+    to the critical path. Latency-optimal; best for small vectors. Scratch: ``n`` bytes (none
+    out of place on two ranks: the partner's vector lands in ``recvbuf``).
     """
-    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
-    if fold is None:
-        return recvbuf
-    if fold.rank is not None:
-        data, distance = fold.data, 1
-        while distance < fold.size:
-            partner = fold.real_rank(fold.rank ^ distance)
-            exchange_and_reduce(comm, data, partner, fold.scratch, partner, data, fold.ufunc, out=recvbuf)
-            data, distance = recvbuf, distance << 1
-    fold.unfold(recvbuf)
-    return recvbuf
+    return _RECURSIVE_DOUBLING(comm, sendbuf, recvbuf, op)
 
 
-@accepts_buffers
 def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by recursive-halving reduce-scatter and recursive-doubling allgather.
 
@@ -104,29 +150,7 @@ def allreduce_rabenseifner(comm, sendbuf, recvbuf, op="sum"):
     allgather retraces the steps with ``d = 1, ..., p'/2``. Extra ranks fold as in
     `allreduce_recursive_doubling`. Cost per rank:
     ``2 log2 p' alpha + 2 (p'-1)/p' n beta + (p'-1)/p' n gamma``; folding adds
-    ``2 (alpha + n beta) + n gamma`` to the critical path.
+    ``2 (alpha + n beta) + n gamma`` to the critical path. Scratch: at most ``n`` bytes, none out
+    of place on two ranks (the first half lands in ``recvbuf``).
     """
-    fold = _PowerOfTwoFold.start(comm, sendbuf, recvbuf, op)
-    if fold is None:
-        return recvbuf
-    if fold.rank is not None:
-        bounds = block_offsets(recvbuf.size, fold.size) + [recvbuf.size]
-
-        def group(virtual_rank, distance):
-            first = virtual_rank // distance * distance
-            return slice(bounds[first], bounds[first + distance])
-
-        distances, data = [1 << k for k in range(fold.size.bit_length() - 1)], fold.data
-        for distance in reversed(distances):
-            partner = fold.rank ^ distance
-            mine, theirs = group(fold.rank, distance), group(partner, distance)
-            real = fold.real_rank(partner)
-            incoming = fold.scratch[: mine.stop - mine.start]
-            exchange_and_reduce(comm, data[theirs], real, incoming, real, data[mine], fold.ufunc, out=recvbuf[mine])
-            data = recvbuf
-        for distance in distances:
-            partner = fold.rank ^ distance
-            real = fold.real_rank(partner)
-            exchange(comm, recvbuf[group(fold.rank, distance)], real, recvbuf[group(partner, distance)], real)
-    fold.unfold(recvbuf)
-    return recvbuf
+    return _RABENSEIFNER(comm, sendbuf, recvbuf, op)

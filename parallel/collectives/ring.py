@@ -3,49 +3,92 @@
 Blocks follow `block_range` (uneven splits); conventions and cost notation as in
 `parallel.collectives.base`. Each step passes one block to the right neighbour
 while receiving one from the left, so every rank sends ``(p-1)/p n`` bytes per
-phase: bandwidth-optimal, but ``p-1`` messages per phase.
+phase: bandwidth-optimal, but ``p-1`` messages per phase. The steps are laid out
+once per shape (`parallel.collectives.schedule`) and run from cached plans
+(`parallel.collectives.plans`).
 """
-import numpy as np
+from parallel.collectives.base import allreduce_length, block_slices, check_block
+from parallel.collectives.plans import Collective
+from parallel.collectives.schedule import Schedule
 
-from parallel.collectives.base import (accepts_buffers, allreduce_operands, block_slices, check_block, exchange,
-                                      exchange_and_reduce, operands, reduce_ufunc)
 
-
-def _ring_reduce_scatter(comm, source, slices, ufunc, out, landing=None):
-    """Reduce ``source`` around the ring so that ``out`` gets block ``comm.rank`` reduced.
+def _reduce_scatter_steps(schedule, rank, p, slices, out, landing):
+    """Reduce "in" around the ring so that view ``out`` gets block ``rank`` reduced.
 
     At step ``s`` rank ``r`` sends its partial of block ``r-1-s`` to the right and
     reduces the partial of block ``r-2-s`` coming from the left. Partials land in
-    ``landing[slices[block]]`` (a full-length array free to overwrite, ``out`` its own
-    block), or in two alternating scratch blocks when ``landing`` is None.
+    their own block of "out" when ``landing`` (out of place: "out" is a full-length
+    array free to overwrite), else in two alternating blocks of "tmp".
     """
-    p, rank = comm.size, comm.rank
-    if p == 1:
-        if not np.may_share_memory(out, source):
-            np.copyto(out, source[slices[rank]])
-        return
     left, right = (rank - 1) % p, (rank + 1) % p
-    if landing is None:
-        width = max(part.stop - part.start for part in slices)
-        scratch = np.empty((2, width), dtype=source.dtype)
-    outgoing = source[slices[(rank - 1) % p]]
+    width = max(part.stop - part.start for part in slices)
+    outgoing = ("in", slices[(rank - 1) % p])
     for step in range(p - 1):
         part = slices[(rank - 2 - step) % p]
-        count = part.stop - part.start
-        incoming = landing[part] if landing is not None else scratch[step % 2, :count]
+        offset = step % 2 * width
+        incoming = ("out", part) if landing else ("tmp", slice(offset, offset + part.stop - part.start))
         target = out if step == p - 2 else incoming
-        outgoing = exchange_and_reduce(comm, outgoing, right, incoming, left, source[part], ufunc, target)
+        schedule.exchange(outgoing, right, incoming, left, reduce=(("in", part), incoming, target))
+        outgoing = target
 
 
-def _ring_allgather(comm, work, slices):
-    """Fill every block of ``work`` from block ``comm.rank``, passing blocks to the right."""
-    p, rank = comm.size, comm.rank
+def _allgather_steps(schedule, rank, p, slices):
+    """Fill every block of "out" from block ``rank``, passing blocks to the right."""
     left, right = (rank - 1) % p, (rank + 1) % p
     for step in range(p - 1):
-        exchange(comm, work[slices[(rank - step) % p]], right, work[slices[(rank - step - 1) % p]], left)
+        schedule.exchange(("out", slices[(rank - step) % p]), right, ("out", slices[(rank - step - 1) % p]), left)
 
 
-@accepts_buffers
+def ring_schedule(rank, p, n, itemsize=None, in_place=False):
+    """Steps of `allreduce_ring` on ``rank`` for ``n`` items (a `Schedule`)."""
+    schedule = Schedule()
+    if n and p == 1 and not in_place:
+        schedule.copy(("in", slice(0, n)), ("out", slice(0, n)))
+    elif n and p > 1:
+        slices = block_slices(n, p)
+        _reduce_scatter_steps(schedule, rank, p, slices, ("out", slices[rank]), landing=not in_place)
+        _allgather_steps(schedule, rank, p, slices)
+    return schedule
+
+
+def _reduce_scatter_schedule(rank, p, n, itemsize, in_place):
+    slices = block_slices(n, p)
+    out = ("out", slices[rank] if in_place else slice(0, slices[rank].stop - slices[rank].start))
+    schedule = Schedule()
+    if n and p == 1 and not in_place:
+        schedule.copy(("in", slices[0]), out)
+    elif n and p > 1:
+        _reduce_scatter_steps(schedule, rank, p, slices, out, landing=False)
+    return schedule
+
+
+def _reduce_scatter_length(comm, source, recvbuf):
+    if source is not recvbuf:
+        check_block(comm, "recvbuf", recvbuf, source.size)
+    return source.size
+
+
+def _allgather_schedule(rank, p, n, itemsize, in_place):
+    slices = block_slices(n, p)
+    schedule = Schedule()
+    if n and not in_place:
+        schedule.copy(("in", slice(0, slices[rank].stop - slices[rank].start)), ("out", slices[rank]))
+    if n and p > 1:
+        _allgather_steps(schedule, rank, p, slices)
+    return schedule
+
+
+def _allgather_length(comm, source, recvbuf):
+    if source is not recvbuf:
+        check_block(comm, "sendbuf", source, recvbuf.size)
+    return recvbuf.size
+
+
+_ALLREDUCE = Collective("allreduce_ring", ring_schedule, allreduce_length)
+_REDUCE_SCATTER = Collective("reduce_scatter_ring", _reduce_scatter_schedule, _reduce_scatter_length)
+_ALLGATHER = Collective("allgather_ring", _allgather_schedule, _allgather_length, reduces=False)
+
+
 def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     """Allreduce by a ring reduce-scatter followed by a ring allgather.
 
@@ -66,20 +109,12 @@ def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     Notes
     -----
     Blocks follow `block_range` (uneven splits). Out of place, partial results land
-    in ``recvbuf`` itself, so no scratch memory is used. Cost per rank:
+    in ``recvbuf`` itself, so no scratch memory is used; in place, two blocks. Cost per rank:
     ``2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma`` (bandwidth-optimal).
     """
-    source, ufunc = allreduce_operands(sendbuf, recvbuf, op, copy_input=False)
-    if recvbuf.size == 0:
-        return recvbuf
-    slices = block_slices(recvbuf.size, comm.size)
-    landing = None if source is recvbuf else recvbuf
-    _ring_reduce_scatter(comm, source, slices, ufunc, recvbuf[slices[comm.rank]], landing)
-    _ring_allgather(comm, recvbuf, slices)
-    return recvbuf
+    return _ALLREDUCE(comm, sendbuf, recvbuf, op)
 
 
-@accepts_buffers
 def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     """Reduce ``n`` items over all ranks and leave block ``comm.rank`` on each rank (ring).
 
@@ -103,18 +138,9 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
     -----
     Cost per rank: ``(p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma``; scratch: two blocks.
     """
-    source = operands(sendbuf, recvbuf)
-    ufunc = reduce_ufunc(op, source.dtype)
-    slices = block_slices(source.size, comm.size)
-    if source is not recvbuf:
-        check_block(comm, "recvbuf", recvbuf, source.size)
-    out = recvbuf[slices[comm.rank]] if source is recvbuf else recvbuf
-    if source.size:
-        _ring_reduce_scatter(comm, source, slices, ufunc, out)
-    return recvbuf
+    return _REDUCE_SCATTER(comm, sendbuf, recvbuf, op)
 
 
-@accepts_buffers
 def allgather_ring(comm, sendbuf, recvbuf):
     """Gather every rank's block into the full vector on every rank (ring).
 
@@ -135,11 +161,4 @@ def allgather_ring(comm, sendbuf, recvbuf):
     -----
     Cost per rank: ``(p-1) alpha + (p-1)/p n beta``.
     """
-    source = operands(sendbuf, recvbuf)
-    slices = block_slices(recvbuf.size, comm.size)
-    if source is not recvbuf:
-        check_block(comm, "sendbuf", source, recvbuf.size)
-        np.copyto(recvbuf[slices[comm.rank]], source)
-    if recvbuf.size:
-        _ring_allgather(comm, recvbuf, slices)
-    return recvbuf
+    return _ALLGATHER(comm, sendbuf, recvbuf, None)

@@ -26,7 +26,7 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     status, out, err = mlscale(*args)
     assert status == 0, err
     rows = rows_of(path)
-    assert len(rows) == 3 * 5 * 2
+    assert len(rows) == 3 * 6 * 2   # ranks x variants (mpi and five hand-written) x sizes
     assert {row["wrong"] for row in rows} == {"0"}
     assert {row["ranks"] for row in rows} == {"1", "2", "3"}
     assert all(float(row["t_min_s"]) <= float(row["t_med_s"]) <= float(row["t_max_s"]) for row in rows)
@@ -34,7 +34,7 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     status, out, err = mlscale(*args)
     assert status == 0, err
     assert "nothing measured" in out
-    assert len(rows_of(path)) == 30
+    assert len(rows_of(path)) == 36
 
 
 def test_weak_scaling_and_p2p_rows(tmp_path):

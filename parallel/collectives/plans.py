@@ -1,0 +1,214 @@
+"""Cached plans of the hand-written collectives: arguments checked and steps laid out once.
+
+A `Collective` (one per algorithm) keeps two kinds of entries in one bounded cache:
+
+layout
+    keyed by (collective, communicator, length, dtype, in place): the algorithm's
+    `Schedule` for this rank and the scratch vector it uses, reused by any buffers of
+    that shape (no schedule or scratch allocation per call);
+plan
+    keyed by (collective, communicator, sendbuf object, recvbuf object), NumPy arrays
+    only: the views of one pair of buffers, bound to persistent requests
+    (``Send_init`` / ``Recv_init``) the second time the same pair is passed (a point
+    repeating the same call), so later calls only start and wait requests and reduce.
+
+A plan is served only to the very objects it was built for (it holds them, so their
+ids cannot be reused), and only while the communicator is not freed and the buffers'
+shape, strides and dtype, ``recvbuf``'s writeability and ``op`` are still those it was
+built for; any other call is checked in full and gets a plan of its own. The cache
+holds `CACHE_SIZE` entries at most, evicted oldest first but for a second chance to
+those used since they were last looked at (CLOCK, close to least recently used; a
+hit costs no reordering), and each collective tries its previous call's plan before
+the cache; an evicted plan
+frees its requests and lets go of its buffers (until then it keeps them alive).
+Entries also go on `release_plans` (call it before freeing a communicator used with
+repeated buffers: MPI keeps a communicator with persistent requests alive until
+they are freed), when MPI deletes a communicator's attributes (an MPI attribute's
+delete callback, run once no request holds it), and all at exit.
+Not thread-safe: one thread calls the collectives, as the algorithms assume anyway.
+"""
+import atexit
+from collections import OrderedDict
+
+import numpy as np
+from mpi4py import MPI
+
+from parallel.collectives.base import buffer_array, operands, reduce_ufunc
+from parallel.collectives.schedule import bind, free_requests, run_calls
+
+#: Entries (layouts and plans together) the cache holds at most.
+CACHE_SIZE = 16
+
+_CACHE = OrderedDict()
+
+
+class _CommEntries:
+    """The cache keys of one communicator, stored as an MPI attribute on it."""
+
+    def __init__(self, comm):
+        self.comm, self.keys = comm, set()
+
+
+def _comm_freed(comm, keyval, entries):
+    for key in list(entries.keys):
+        _evict(key)
+    _COMMS.pop(id(entries), None)
+    return MPI.SUCCESS
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_comm_freed)
+_COMMS = {}  # id(_CommEntries) -> _CommEntries: communicators carrying the attribute
+
+
+def _comm_entries(comm):
+    entries = comm.Get_attr(_KEYVAL)
+    if entries is None:
+        entries = _CommEntries(comm)
+        comm.Set_attr(_KEYVAL, entries)
+        _COMMS[id(entries)] = entries
+    return entries
+
+
+def _store(key, entry, comm):
+    entries = _comm_entries(comm)
+    _evict(key)
+    _CACHE[key] = entry
+    entry.comm_entries = entries
+    entries.keys.add(key)
+    while len(_CACHE) > CACHE_SIZE:
+        oldest, entry = next(iter(_CACHE.items()))
+        if entry.used:                      # second chance (CLOCK): a hit costs one store, not a move
+            entry.used = False
+            _CACHE.move_to_end(oldest)
+        else:
+            _evict(oldest)
+
+
+def _evict(key):
+    entry = _CACHE.pop(key, None)
+    if entry is not None:
+        entry.comm_entries.keys.discard(key)
+        entry.release()
+
+
+def release_plans(comm=None):
+    """Drop the cached layouts and plans of ``comm`` (all when None), freeing their persistent requests."""
+    for key, entry in list(_CACHE.items()):
+        if comm is None or entry.comm_entries.comm == comm:
+            _evict(key)
+
+
+@atexit.register
+def _release_before_finalize():
+    """Free every request and detach the attribute while Python and MPI are both still up."""
+    release_plans()
+    if not MPI.Is_finalized():
+        for entries in list(_COMMS.values()):
+            if entries.comm != MPI.COMM_NULL:
+                entries.comm.Delete_attr(_KEYVAL)
+    _COMMS.clear()
+
+
+class _Layout:
+    def __init__(self, schedule, dtype, comm):
+        self.schedule, self.comm, self.used = schedule, comm, False
+        self.scratch = np.empty(schedule.scratch, dtype)
+
+    def release(self):
+        """Nothing to free: the scratch vector goes with the last plan using it."""
+
+
+def _signature(array):
+    return array.shape, array.strides, array.dtype
+
+
+class _Plan:
+    """A layout bound to one pair of NumPy buffers; persistent requests from its first `run`."""
+
+    def __init__(self, collective, layout, comm, arrays, ufunc, op, sendbuf, recvbuf):
+        self.collective, self.layout, self.comm, self.arrays, self.ufunc, self.op = (
+            collective, layout, comm, arrays, ufunc, op)
+        self.used = False
+        self.sendbuf, self.recvbuf, self.handle = sendbuf, recvbuf, comm.handle
+        self.send_signature = None if sendbuf is MPI.IN_PLACE else _signature(sendbuf)
+        self.recv_signature = _signature(recvbuf)
+        self.calls, self.requests = None, []
+
+    def fits(self, comm, sendbuf, recvbuf, op):
+        """Whether the same objects still have the handle, shape, strides, dtype and ``op`` of the plan."""
+        return ((op is self.op or op == self.op) and comm.handle == self.handle
+                and (recvbuf.shape, recvbuf.strides, recvbuf.dtype) == self.recv_signature
+                and recvbuf.flags.writeable
+                and (sendbuf is MPI.IN_PLACE
+                     or (sendbuf.shape, sendbuf.strides, sendbuf.dtype) == self.send_signature))
+
+    def run(self):
+        if self.calls is None:
+            self.calls, self.requests = bind(self.layout.schedule, self.comm, self.arrays, self.ufunc, True)
+        for call in self.calls:
+            call()
+
+    def release(self):
+        if self.collective.last is self:
+            self.collective.last = None
+        free_requests(self.requests)
+        self.calls, self.requests, self.arrays, self.sendbuf, self.recvbuf = None, [], None, None, None
+
+
+class Collective:
+    """A hand-written collective, run from cached layouts and plans.
+
+    Parameters
+    ----------
+    name : str
+    schedule : callable
+        ``schedule(rank, size, n, itemsize, in_place) -> Schedule`` for a full vector of ``n`` items.
+    length : callable
+        ``length(comm, source, recvbuf) -> n``: checks the buffers' lengths (``ValueError``)
+        and returns the full vector's length.
+    reduces : bool
+        Whether ``op`` applies (else it is ignored and the schedule has no reductions).
+    """
+
+    def __init__(self, name, schedule, length, reduces=True):
+        self.name, self.schedule, self.length, self.reduces = name, schedule, length, reduces
+        self.last = None  # the plan of the previous call, tried before the cache
+
+    def __repr__(self):
+        return f"Collective({self.name!r})"
+
+    def __call__(self, comm, sendbuf, recvbuf, op="sum"):
+        """Run on ``comm``; return ``recvbuf`` (conventions of `parallel.collectives.base`)."""
+        plan = self.last
+        if plan is None or plan.recvbuf is not recvbuf or plan.sendbuf is not sendbuf or plan.comm is not comm:
+            plan = _CACHE.get((self, id(comm), id(sendbuf), id(recvbuf)))
+        if plan is not None and plan.fits(comm, sendbuf, recvbuf, op):
+            plan.used, self.last = True, plan
+            plan.run()
+        else:
+            self._first_call((self, id(comm), id(sendbuf), id(recvbuf)), comm, sendbuf, recvbuf, op)
+        return recvbuf
+
+    def _first_call(self, key, comm, sendbuf, recvbuf, op):
+        """Check everything, run on blocking messages, and keep a plan when the buffers are NumPy arrays."""
+        send = sendbuf if sendbuf is MPI.IN_PLACE else buffer_array("sendbuf", sendbuf)
+        recv = buffer_array("recvbuf", recvbuf)
+        source = operands(send, recv)
+        ufunc = reduce_ufunc(op, source.dtype) if self.reduces else None
+        n = self.length(comm, source, recv)
+        layout = self._layout(comm, n, recv.dtype, source is recv)
+        arrays = {"in": source, "out": recv, "tmp": layout.scratch}
+        run_calls(bind(layout.schedule, comm, arrays, ufunc, False)[0])
+        if send is sendbuf and recv is recvbuf:
+            _store(key, _Plan(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf), comm)
+
+    def _layout(self, comm, n, dtype, in_place):
+        key = (self, id(comm), n, dtype, in_place)
+        layout = _CACHE.get(key)
+        if layout is None:
+            schedule = self.schedule(comm.rank, comm.size, n, dtype.itemsize, in_place)
+            layout = _Layout(schedule, dtype, comm)
+            _store(key, layout, comm)
+        else:
+            layout.used = True
+        return layout

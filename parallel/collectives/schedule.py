@@ -1,0 +1,119 @@
+"""Precomputed schedules of the hand-written collectives and the calls that run them.
+
+An algorithm describes one rank's part of a collective once per (rank count, rank,
+length, place) as a `Schedule`: a list of steps, each posting sends and receives of
+contiguous views of three named buffers (``"in"``: the input, ``"out"``: ``recvbuf``,
+``"tmp"``: scratch owned by the schedule), then reducing or copying views locally.
+`bind` turns a schedule and actual arrays into a flat list of argument-free
+calls, either blocking (``Sendrecv`` / ``Send`` / ``Recv``) or on persistent requests
+(``Send_init`` / ``Recv_init``, each step started and waited request by request,
+which costs mpi4py less than ``Startall`` / ``Waitall`` on a list). Running a plan is
+then one loop over prepared calls: no argument checks, slicing or allocation per call.
+"""
+from functools import partial
+
+import numpy as np
+
+#: Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
+COLLECTIVE_TAG = 0x6D6C
+
+
+class Schedule:
+    """One rank's steps of a collective on the named buffers "in", "out" and "tmp".
+
+    Attributes
+    ----------
+    scratch : int
+        Items of the "tmp" buffer the steps use (0: none), kept up to date by `step`.
+    steps : list of (sends, recvs, ops)
+        ``sends`` / ``recvs``: tuples of ``((buffer, slice), peer)``; ``ops``: tuples of
+        ``("reduce", a, b, out)`` (``out = a (op) b``) or ``("copy", source, target)``,
+        each view a ``(buffer, slice)`` pair. A step's ops run after its messages complete.
+    """
+
+    def __init__(self):
+        self.scratch, self.steps = 0, []
+
+    def step(self, sends=(), recvs=(), ops=()):
+        """Append a step; return the schedule. A step that both sends and receives has one message
+        each way (any number of sends alone or receives alone)."""
+        if sends and recvs and len(sends) + len(recvs) != 2:
+            raise ValueError("a step that sends and receives has one message each way")
+        self.steps.append((tuple(sends), tuple(recvs), tuple(ops)))
+        views = [spec for spec, _ in sends] + [spec for spec, _ in recvs] + [spec for _, *specs in ops for spec in specs]
+        self.scratch = max([self.scratch] + [part.stop for name, part in views if name == "tmp"])
+        return self
+
+    def exchange(self, outgoing, dest, incoming, source, reduce=None):
+        """Send ``outgoing`` to ``dest`` while receiving ``incoming`` from ``source``; then the optional
+        ``reduce = (a, b, out)``."""
+        return self.step([(outgoing, dest)], [(incoming, source)], [("reduce",) + reduce] if reduce else ())
+
+    def copy(self, source, target):
+        """A local copy (no message)."""
+        return self.step(ops=[("copy", source, target)])
+
+
+def bind(schedule, comm, arrays, ufunc, persistent):
+    """The calls running ``schedule`` on ``arrays`` (a dict: buffer name -> 1-D array).
+
+    Parameters
+    ----------
+    schedule : Schedule
+    comm : MPI.Comm
+    arrays : dict
+        "in", "out" and "tmp" arrays (only those the schedule names are used).
+    ufunc : numpy.ufunc or None
+        The reduction of "reduce" ops (None for collectives that do not reduce).
+    persistent : bool
+        True: messages on persistent requests (returned too, for `free_requests`);
+        False: blocking ``Sendrecv`` / ``Send`` / ``Recv``.
+
+    Returns
+    -------
+    calls : list of callables
+        Each takes no argument (bound methods and `functools.partial` objects).
+    requests : list of MPI.Prequest
+    """
+    def view(spec):
+        name, part = spec
+        return arrays[name][part]
+
+    calls, requests = [], []
+    for sends, recvs, ops in schedule.steps:
+        sends = [(view(spec), peer) for spec, peer in sends]
+        recvs = [(view(spec), peer) for spec, peer in recvs]
+        if persistent:
+            posted = ([comm.Recv_init(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+                      + [comm.Send_init(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
+            requests += posted
+            calls += [request.Start for request in posted] + [request.Wait for request in posted]
+        elif len(sends) == 1 and len(recvs) == 1:
+            (outgoing, dest), (incoming, source) = sends[0], recvs[0]
+            calls.append(partial(comm.Sendrecv, outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG))
+        else:
+            calls += [partial(comm.Recv, buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+            calls += [partial(comm.Send, buf, peer, COLLECTIVE_TAG) for buf, peer in sends]
+        for kind, *specs in ops:
+            if kind == "reduce":
+                a, b, out = (view(spec) for spec in specs)
+                # ``out`` positionally is cheaper to call; NumPy deprecates that for np.maximum only.
+                calls.append(partial(ufunc, a, b, out) if ufunc is np.add else partial(ufunc, a, b, out=out))
+            else:
+                source, target = specs
+                calls.append(partial(np.copyto, view(target), view(source)))
+    return calls, requests
+
+
+def run_calls(calls):
+    """Run prepared argument-free calls in order."""
+    for call in calls:
+        call()
+
+
+def free_requests(requests):
+    """Free persistent requests (inactive ones; an active one is completed first)."""
+    for request in requests:
+        if request:
+            request.Wait()
+            request.Free()
