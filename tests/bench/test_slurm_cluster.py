@@ -12,12 +12,13 @@ import sys
 
 import pytest
 
+from parallel.collectives import ALLREDUCE_ALGORITHMS
+from tests.clitools import ROOT
 from tests.slurm_cluster import namespaces_allowed, running_cluster, slurm_installed
 
-from tests.clitools import ROOT  # noqa: E402 - the checkout's root
 #: Seconds a job may spend in the queue (pending and running) before the test fails.
 JOB_TIMEOUT = 180
-VARIANTS = ("mpi", "ring", "recursive_doubling", "rabenseifner", "tree")
+VARIANTS = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)  # every variant of the allreduce suite
 
 pytestmark = [
     pytest.mark.skipif(not slurm_installed(), reason="Slurm is not installed (needs slurmctld, slurmd, sbatch, "

@@ -10,7 +10,7 @@ import pytest
 
 from bench.cli import main
 
-from tests.clitools import ROOT  # noqa: E402 - the checkout's root
+from tests.clitools import ROOT
 BASE = ["slurm", "allreduce", "--ntasks-per-node", "2", "--sizes", "8,1K", "--iters", "2"]
 
 
