@@ -73,6 +73,9 @@ class Case:
         The suite's settings (``MLSCALE_*`` / ``--set``), in the order ``mlscale list SUITE`` shows them.
     superlinear_reasons : dict
         Variant -> why its speedup may exceed the rank count (the report says so beside such points).
+    host_only_variants : dict
+        Variant -> why it cannot run on a device backend (a library with no device
+        version, e.g. scikit-learn); a sweep on ``cupy`` skips them with that note.
 
     A case receives the resolved settings when it is made: ``Case(settings)``, a
     `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
@@ -90,6 +93,7 @@ class Case:
     description = ""
     declared_settings = ()
     superlinear_reasons = {}
+    host_only_variants = {}
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings

@@ -4,8 +4,15 @@
 its buffers reach MPI. NumPy arrays go to MPI directly. CuPy arrays go directly
 too when the MPI library is CUDA-aware (declared with ``MLSCALE_CUDA_AWARE=1``,
 since MPI offers no portable query), after the current stream is synchronised;
-otherwise they are staged through host memory (`Backend.staged`), and the staging
-copies are part of what is timed.
+otherwise they are staged through host memory, and the staging copies are part
+of what is timed. Two ways serve the two kinds of code:
+
+- `Backend.comm` wraps a communicator so that every MPI call of a parallel
+  routine synchronises and stages its own buffers (`kernels.device_comm`); the
+  routine computes with `array_module` (``xp``) of its inputs, so one code path
+  serves NumPy and CuPy;
+- `Backend.staged` stages a whole call (a hand-written collective whose inner
+  loop would otherwise copy at every step).
 """
 import os
 
@@ -14,6 +21,18 @@ import numpy as np
 from kernels.errors import InputError
 
 BACKENDS = ("numpy", "cupy")
+
+#: Device array types and their array modules, registered by each device `Backend`.
+_DEVICE_MODULES = {}
+
+
+def array_module(*arrays):
+    """The array module (``numpy``, ``cupy``...) of the first device array in ``arrays``, else NumPy."""
+    for array in arrays:
+        for array_type, module in _DEVICE_MODULES.items():
+            if isinstance(array, array_type):
+                return module
+    return np
 
 
 class Backend:
@@ -30,20 +49,35 @@ class Backend:
         for CuPy only with a CUDA-aware MPI).
     """
 
-    def __init__(self, name, xp, device_buffers_to_mpi):
+    def __init__(self, name, xp, device_buffers_to_mpi, empty_pinned=None):
         self.name = name
         self.xp = xp
         self.device_buffers_to_mpi = device_buffers_to_mpi
+        self._empty_pinned = empty_pinned
         self._staging = {}
+        if xp is not np:
+            _DEVICE_MODULES[xp.ndarray] = xp
+
+    def comm(self, comm):
+        """``comm`` itself on the host; a `kernels.device_comm.DeviceComm` for device buffers."""
+        if self.xp is np:
+            return comm
+        from kernels.device_comm import DeviceComm
+
+        return DeviceComm(comm, self)
+
+    def is_device_array(self, array):
+        """True for an array in device memory (never on the host backend)."""
+        return self.xp is not np and isinstance(array, self.xp.ndarray)
 
     def synchronize(self):
         """Wait for queued device work (a no-op on the host)."""
-        if self.name == "cupy":
+        if self.xp is not np:
             self.xp.cuda.get_current_stream().synchronize()
 
     def to_host(self, array):
         """Return ``array`` as a NumPy array (a copy for device arrays)."""
-        return self.xp.asnumpy(array) if self.name == "cupy" else np.asarray(array)
+        return self.xp.asnumpy(array) if self.is_device_array(array) else np.asarray(array)
 
     def from_host(self, array):
         """Return a NumPy ``array`` in this backend's memory."""
@@ -60,19 +94,29 @@ class Backend:
         self.synchronize()
         if self.device_buffers_to_mpi:
             return algorithm(*arrays)
-        host = [self._pinned(slot, a) for slot, a in enumerate(arrays)]
+        host = [self._kept_pinned(slot, a) for slot, a in enumerate(arrays)]
         result = algorithm(*host)
         for index in range(len(arrays)) if outputs is None else outputs:
-            arrays[index].set(host[index])
+            self.copy_to_device(arrays[index], host[index])
         return result
 
-    def _pinned(self, slot, array):
+    def _kept_pinned(self, slot, array):
         key = (slot, array.shape, array.dtype.str)
         if key not in self._staging:
-            import cupyx
+            self._staging[key] = self._empty_pinned(array.shape, array.dtype)
+        return self.xp.ascontiguousarray(array).get(out=self._staging[key])
 
-            self._staging[key] = cupyx.empty_pinned(array.shape, array.dtype)
-        return array.get(out=self._staging[key])
+    def host_buffer(self, array, copy):
+        """A pinned host array shaped as device ``array``, holding its values when ``copy``."""
+        host = self._empty_pinned(array.shape, array.dtype)
+        return self.xp.ascontiguousarray(array).get(out=host) if copy else host
+
+    def copy_to_device(self, device, host):
+        """Copy host array ``host`` into device array ``device`` (same shape)."""
+        if device.flags.c_contiguous:
+            device.set(host)
+        else:
+            device[...] = self.xp.asarray(host)
 
 
 def get_backend(name="numpy", comm=None):
@@ -115,4 +159,6 @@ def get_backend(name="numpy", comm=None):
         query = getattr(MPI, "Query_cuda_support", None)
         if query is not None and not query():
             raise InputError("MLSCALE_CUDA_AWARE=1, but this MPI library says it is not CUDA-aware")
-    return Backend("cupy", cupy, cuda_aware)
+    import cupyx
+
+    return Backend("cupy", cupy, cuda_aware, cupyx.empty_pinned)

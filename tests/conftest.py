@@ -36,3 +36,35 @@ def comm():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+def _cupy_backend_or_skip():
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("CuPy is not installed (pip install 'mlscale[gpu]' on a GPU machine)")
+    try:
+        visible = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        visible = 0
+    if visible == 0:
+        pytest.skip("no CUDA GPU is visible")
+    from kernels.backend import get_backend
+
+    return get_backend("cupy")
+
+
+@pytest.fixture(params=["simulated", "cupy"])
+def device_backend(request):
+    """A device `kernels.backend.Backend`: the simulated GPU of `fake_device` (always),
+    and CuPy on a real GPU (skipped with the reason when there is none).
+
+    Suite tests run their device path on it: the simulated one proves that the
+    data stays in device arrays and every MPI buffer is staged; the real one runs
+    the same code on the GPU (tests/gpu_check.sh runs it there).
+    """
+    if request.param == "cupy":
+        return _cupy_backend_or_skip()
+    from fake_device import fake_device_backend
+
+    return fake_device_backend()

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kernels.backend import get_backend
+from kernels.backend import array_module, get_backend
 from kernels.errors import InputError
 
 
@@ -54,3 +54,38 @@ def test_cupy_staging_writes_results_back_to_the_device(monkeypatch, cuda_aware)
     where = backend.staged(double_into, source, target)
     assert where == ("cupy" if cuda_aware == "1" else "numpy")
     assert cupy.asnumpy(target).tolist() == [0, 2, 4, 6, 8, 10]
+
+
+def test_device_backend_knows_its_arrays_and_moves_them(device_backend):
+    xp = device_backend.xp
+    device = device_backend.from_host(np.arange(6.0).reshape(2, 3))
+    assert device_backend.is_device_array(device) and array_module(device) is xp
+    assert array_module(np.zeros(2)) is np and not get_backend("numpy").is_device_array(np.zeros(2))
+    assert isinstance(device_backend.to_host(device), np.ndarray)
+    column = xp.zeros((2, 3))[:, 1]  # a strided view: copied back element by element
+    device_backend.copy_to_device(column, np.array([7.0, 8.0]))
+    assert device_backend.to_host(column).tolist() == [7.0, 8.0]
+    host = device_backend.host_buffer(device, copy=True)
+    assert isinstance(host, np.ndarray) and host.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_device_backend_stages_a_whole_call(device_backend):
+    source = device_backend.from_host(np.arange(4.0))
+    target = device_backend.xp.zeros(4)
+
+    def double_into(src, dst):
+        assert isinstance(src, np.ndarray) and not device_backend.is_device_array(src)
+        dst[...] = 2 * src
+
+    device_backend.staged(double_into, source, target, outputs=(1,))
+    assert device_backend.to_host(target).tolist() == [0, 2, 4, 6]
+
+
+def test_simulated_device_refuses_host_arrays_as_cupy_does():
+    from fake_device import fake_device_backend
+
+    xp = fake_device_backend().xp
+    with pytest.raises(TypeError, match="host array"):
+        xp.zeros(3) + np.ones(3)
+    with pytest.raises(TypeError, match="host array"):
+        xp.exp(np.ones(3))
