@@ -76,6 +76,8 @@ class Case:
     host_only_variants : dict
         Variant -> why it cannot run on a device backend (a library with no device
         version, e.g. scikit-learn); a sweep on ``cupy`` skips them with that note.
+    device_only_variants : dict
+        Variant -> why it runs on a device backend only (cuBLAS, NCCL).
 
     A case receives the resolved settings when it is made: ``Case(settings)``, a
     `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
@@ -94,9 +96,22 @@ class Case:
     declared_settings = ()
     superlinear_reasons = {}
     host_only_variants = {}
+    device_only_variants = {}
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings
+
+    def unavailable(self, comm, variant, backend):
+        """Why ``variant`` cannot run on ``backend`` here (one line), or None when it can.
+
+        Called on every rank of ``comm`` before the variant's points, which makes
+        it collective: every rank must return the same. The default reads
+        `host_only_variants` and `device_only_variants`; a case whose variant
+        depends on the machine (NCCL and one GPU per rank) overrides it.
+        """
+        on_device = backend.xp.__name__ != "numpy"
+        reasons = self.host_only_variants if on_device else self.device_only_variants
+        return reasons.get(variant)
 
     def check_ranks(self, ranks, variant):
         """Raise `InputError` when ``variant`` cannot run on ``ranks`` ranks."""
