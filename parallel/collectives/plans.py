@@ -13,9 +13,10 @@ plan
     repeating the same call), so later calls only start and wait requests and reduce.
 
 A plan is served only to the very objects it was built for (it holds them, so their
-ids cannot be reused), and only while the communicator is not freed and the buffers'
-shape, strides and dtype, ``recvbuf``'s writeability and ``op`` are still those it was
-built for; any other call is checked in full and gets a plan of its own. The cache
+ids cannot be reused), and only while the communicator is not freed, the buffers are
+still 1-D with the same dtype object, ``recvbuf`` is writeable and ``op`` is the same
+(`_Plan.fits`: a few attribute reads per call); any other call is checked in full and
+gets a plan of its own. The cache
 holds `CACHE_SIZE` entries at most, evicted oldest first but for a second chance to
 those used since they were last looked at (CLOCK, close to least recently used; a
 hit costs no reordering), and each collective tries its previous call's plan before
@@ -118,10 +119,6 @@ class _Layout:
         """Nothing to free: the scratch vector goes with the last plan using it."""
 
 
-def _signature(array):
-    return array.shape, array.strides, array.dtype
-
-
 class _Plan:
     """A layout bound to one pair of NumPy buffers; persistent requests from its first `run`."""
 
@@ -129,18 +126,23 @@ class _Plan:
         self.collective, self.layout, self.comm, self.arrays, self.ufunc, self.op = (
             collective, layout, comm, arrays, ufunc, op)
         self.used = False
-        self.sendbuf, self.recvbuf, self.handle = sendbuf, recvbuf, comm.handle
-        self.send_signature = None if sendbuf is MPI.IN_PLACE else _signature(sendbuf)
-        self.recv_signature = _signature(recvbuf)
+        self.sendbuf, self.recvbuf = sendbuf, recvbuf
+        self.send_dtype = None if sendbuf is MPI.IN_PLACE else sendbuf.dtype
+        self.recv_dtype = recvbuf.dtype
         self.calls, self.requests = None, []
 
     def fits(self, comm, sendbuf, recvbuf, op):
-        """Whether the same objects still have the handle, shape, strides, dtype and ``op`` of the plan."""
-        return ((op is self.op or op == self.op) and comm.handle == self.handle
-                and (recvbuf.shape, recvbuf.strides, recvbuf.dtype) == self.recv_signature
-                and recvbuf.flags.writeable
-                and (sendbuf is MPI.IN_PLACE
-                     or (sendbuf.shape, sendbuf.strides, sendbuf.dtype) == self.send_signature))
+        """Whether the plan serves this call of its own ``comm``, ``sendbuf`` and ``recvbuf`` objects.
+
+        Only in-place changes of those objects matter, checked cheaply (this runs on every
+        call): ``comm`` not freed, the same ``op``, each buffer still 1-D with the very dtype
+        object of the plan, ``recvbuf`` writeable. A shape assignment keeps an array's size,
+        so a 1-D shape is then the same one; a dtype assignment gives another dtype object.
+        Not detected: an assignment to ``strides`` (deprecated since NumPy 2.4).
+        """
+        return (comm and (op is self.op or op == self.op)
+                and recvbuf.ndim == 1 and recvbuf.dtype is self.recv_dtype and recvbuf.flags.writeable
+                and (sendbuf is MPI.IN_PLACE or (sendbuf.ndim == 1 and sendbuf.dtype is self.send_dtype)))
 
     def run(self):
         if self.calls is None:

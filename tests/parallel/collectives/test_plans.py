@@ -103,6 +103,37 @@ def test_a_buffer_changed_in_place_gets_a_new_plan(fresh, algorithm):
         ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
 
 
+class _CountingArray(np.ndarray):
+    """An array counting the Python-level reads of its shape and strides (tuples built per read)."""
+
+    reads = 0
+
+    @property
+    def shape(self):
+        _CountingArray.reads += 1
+        return np.ndarray.shape.__get__(self)
+
+    @property
+    def strides(self):
+        _CountingArray.reads += 1
+        return np.ndarray.strides.__get__(self)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_repeated_call_is_served_without_reading_shapes_or_strides(fresh, algorithm):
+    comm, n = fresh, 2 * fresh.size + 3
+    send, recv = np.zeros(n).view(_CountingArray), np.zeros(n).view(_CountingArray)
+    verdicts = []
+    for call in range(5):
+        if call == 2:
+            _CountingArray.reads = 0
+        send[:] = _contribution(comm.rank, n, np.float64, call)
+        ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
+        verdicts.append(np.array_equal(recv.view(np.ndarray), _reference(comm, n, np.float64, call, "sum")))
+    assert _on_all_ranks(comm, all(verdicts) and _CountingArray.reads == 0)
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_plans_are_per_communicator(comm, fresh, algorithm):
