@@ -108,3 +108,20 @@ def test_the_allreduce_suite_says_why_nccl_cannot_run(comm, simulated, with_nccl
     assert suite.unavailable(comm, "nccl", with_nccl) == expected
     monkeypatch.delitem(sys.modules, "fake_cupy.cuda.nccl")
     assert suite.unavailable(comm, "nccl", with_nccl) == "NCCL is not available in this CuPy"
+
+
+def test_the_nccl_variant_sums_on_one_gpu(device_backend):
+    """On a real GPU (the ``cupy`` param): setup, run twice, check, on the device; skipped where NCCL cannot run."""
+    from mpi4py import MPI
+
+    suite, comm = Allreduce(), MPI.COMM_SELF
+    reason = suite.unavailable(comm, "nccl", device_backend)
+    if reason:
+        pytest.skip(reason)
+    state = suite.setup(comm, 8 * 1001, "nccl", device_backend, "float64")
+    try:
+        suite.run(state)
+        suite.run(state)
+        assert suite.check(state) == 0 and device_backend.is_device_array(state.recv)
+    finally:
+        suite.teardown(state)
