@@ -201,10 +201,8 @@ def _measure_plan(comm, case, config, plan, results, emit):
 
 
 def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit):
-    """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found.
-
-    ``provenance`` is ``(MPI library, device description)`` for the rows.
-    """
+    """Measure every point of ``variants`` x sizes on ``sub`` (``provenance``: MPI library and device
+    of the rows); return the wrong elements found."""
     where = placement(sub)
     if where.note and where.note not in config.skipped:
         config.skipped.append(where.note)
@@ -293,8 +291,7 @@ def _torn_down(sub, case, state):
 
 
 def _prepare(sub, case, config, backend, variant, size):
-    """The point's problem size, iterations, warm-up runs (at least `DEVICE_WARMUP` on a device)
-    and the state `case.setup` builds."""
+    """The point's problem size, iterations, warm-up runs (>= `DEVICE_WARMUP` on a device), `case.setup`'s state."""
     problem = case.problem_size(size, sub.size, config.scaling)
     default_iters, default_warmup = case.iterations(problem)
     iters = config.iters or default_iters

@@ -49,9 +49,9 @@ class Allreduce(Case):
                    "algorithms of parallel.collectives, and auto (one of them by size, as MPICH chooses). Every rank "
                    "sums a vector of size bytes out of place, the same buffers every run (the algorithms run them on "
                    "persistent requests from the second run); the inputs are small integers, so every order of "
-                   "summation gives the exact sum the check expects. On GPUs, nccl is the library reference (NCCL through "
-                   "CuPy, one GPU per rank, bootstrapped over MPI; the others pass device buffers to MPI through "
-                   "host staging unless MPI is CUDA-aware).")
+                   "summation gives the exact sum the check expects. On GPUs, nccl is the library reference "
+                   "(NCCL through CuPy, one GPU per rank, bootstrapped over MPI; the others pass device buffers to "
+                   "MPI through host staging unless MPI is CUDA-aware).")
 
     def problem_size(self, size, ranks, scaling):
         return size

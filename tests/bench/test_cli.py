@@ -15,7 +15,8 @@ def mlscale_under_mpi(ranks, *args):
 def test_list_names_every_suite_and_variant():
     status, out, _ = mlscale("list")
     assert status == 0
-    assert "allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, auto, nccl; backends numpy, cupy" in out
+    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, auto, nccl; "
+            "backends numpy, cupy") in out
     assert "p2p: variants latency, bandwidth; backends numpy, cupy" in out
     first_lines = [line for line in out.splitlines() if not line.startswith(" ")]
     assert len(first_lines) == 14 and all(line.endswith("; backends numpy, cupy") for line in first_lines)
