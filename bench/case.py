@@ -78,6 +78,9 @@ class Case:
         version, e.g. scikit-learn); a sweep on ``cupy`` skips them with that note.
     device_only_variants : dict
         Variant -> why it runs on a device backend only (cuBLAS, NCCL).
+    backends : tuple of str
+        The backends the suite runs on (`kernels.backend.BACKENDS` names), shown by
+        ``mlscale list``; a run on another one is refused before anything starts.
 
     A case receives the resolved settings when it is made: ``Case(settings)``, a
     `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
@@ -97,6 +100,7 @@ class Case:
     superlinear_reasons = {}
     host_only_variants = {}
     device_only_variants = {}
+    backends = ("numpy", "cupy")
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings

@@ -78,7 +78,7 @@ def _mpi_world():
 
 
 def command_list(args, out):
-    """Every suite in two lines (variants, first sentence of its description), or one suite in full."""
+    """Every suite in two lines (variants and backends, first sentence of its description), or one suite in full."""
     if not args.suite:
         for name in SUITES:
             try:
@@ -86,13 +86,13 @@ def command_list(args, out):
             except InputError as error:
                 out(f"{name}: {error}")
                 continue
-            out(f"{case.name}: variants {', '.join(case.variants)}")
+            out(_first_line(case))
             if case.description:
                 out(textwrap.fill(case.description.split(". ")[0].rstrip(".") + ".", 100, initial_indent="    ",
                                   subsequent_indent="    "))
         return EXIT_OK
     case = case_class(args.suite)
-    out(f"{case.name}: variants {', '.join(case.variants)}")
+    out(_first_line(case))
     if case.description:
         out(textwrap.fill(case.description, 100, initial_indent="    ", subsequent_indent="    "))
     out(f"    size: {case.size_help} (default {case.default_sizes}); dtypes {', '.join(case.dtypes)}")
@@ -108,6 +108,11 @@ def command_list(args, out):
     for row in rows:
         out("      " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     return EXIT_OK
+
+
+def _first_line(case):
+    """``NAME: variants A, B; backends numpy, cupy`` for `mlscale list`."""
+    return f"{case.name}: variants {', '.join(case.variants)}; backends {', '.join(case.backends)}"
 
 
 def command_run(args, out, err):

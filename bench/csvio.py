@@ -26,8 +26,11 @@ COLUMNS = (
     "suite", "benchmark", "variant", "backend", "dtype", "ranks", "nodes", "threads",
     "scaling", "size", "size_unit", "iters", "warmup", "t_min_s", "t_med_s", "t_max_s",
     "gflops", "algbw_gbs", "busbw_gbs", "items_per_s", "metric", "metric_value", "wrong",
-    "mpi_library", "host", "timestamp", "params", "settings", "schema",
+    "mpi_library", "device", "host", "timestamp", "params", "settings", "schema",
 )
+#: Columns added within schema 2: files written before them lack them, are still read (the
+#: field as empty) and resumed (new rows follow the file's own header).
+OPTIONAL_COLUMNS = ("device",)
 
 #: The columns that identify a point: a row with the same values is not measured again.
 KEY_COLUMNS = ("suite", "benchmark", "variant", "backend", "dtype", "ranks", "threads", "scaling", "size",
@@ -103,7 +106,7 @@ def read_rows(path):
             data = handle.read()
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
-    return _parse(path, _decode(path, data))
+    return _parse(path, _decode(path, data))[1]
 
 
 def _decode(path, data):
@@ -115,13 +118,16 @@ def _decode(path, data):
 
 
 def _parse(path, text):
+    """``(header columns, [(line number, row)])``; the optional columns a file lacks are empty in its rows."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    header = tuple(reader.fieldnames or ())
+    missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL_COLUMNS]
     if missing:
         raise InputError(f"{path}: not an mlscale results file of schema {SCHEMA_VERSION} "
                          f"(missing column {missing[0]!r})")
+    absent = {column: "" for column in OPTIONAL_COLUMNS if column not in header}
     try:
-        return [(reader.line_num, row) for row in reader]
+        return header, [(reader.line_num, {**row, **absent}) for row in reader]
     except csv.Error as error:
         raise InputError(f"{path} line {reader.line_num}: not a CSV row ({error})") from None
 
@@ -144,7 +150,8 @@ class ResultsFile:
     checks that the file is UTF-8 with this schema's header, removes a partial last
     row after saying so through ``warn`` (one line; default: stderr), and writes the
     header into a new file. `done` holds the keys of the valid points already in the
-    file. Every problem is an `InputError` naming the file.
+    file; `columns` is its header, which new rows follow (a file older than one of the
+    `OPTIONAL_COLUMNS` goes on without it). Every problem is an `InputError` naming the file.
     """
 
     def __init__(self, path, warn=_stderr_line):
@@ -190,7 +197,7 @@ class ResultsFile:
         header = _csv_line(COLUMNS).encode()
         if complete == 0 and data and not header.startswith(data):
             complete = len(data)  # one line, no newline, and not a cut header: let the header check refuse it
-        rows = _parse(self.path, _decode(self.path, data[:complete])) if complete else []
+        self.columns, rows = _parse(self.path, _decode(self.path, data[:complete])) if complete else (COLUMNS, [])
         if complete < len(data):
             self._warn(f"mlscale: warning: {self.path} ends in a row cut mid-write ({len(data) - complete} bytes "
                        "without a newline); removing it, its point will be measured again")
@@ -233,7 +240,7 @@ class ResultsFile:
         """Write one point (a dict with every column) as one whole line."""
         row = dict(row, schema=SCHEMA_VERSION)
         row["params"] = json.dumps(row.get("params") or {}, sort_keys=True)
-        self._write(_csv_line([_format(row.get(column)) for column in COLUMNS]).encode())
+        self._write(_csv_line([_format(row.get(column)) for column in self.columns]).encode())
         self.done.add(point_key(row))
 
     def close(self):

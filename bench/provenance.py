@@ -1,4 +1,6 @@
-"""Where a point ran, for the CSV's provenance columns: the MPI library and the nodes."""
+"""Where a point ran, for the CSV's provenance columns: the MPI library, the nodes, the device;
+and a point's peak device memory."""
+import gc
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -48,3 +50,40 @@ def placement(comm):
         note = (f"nodes: MPI sees {nodes} shared-memory node(s) among {comm.size} ranks but Slurm names "
                 f"{len(set(names))} (SLURMD_NODENAME); the CSV records {nodes}")
     return Placement(nodes=nodes, ranks_here=ranks_here, note=note)
+
+
+def device_description(backend):
+    """This rank's device as one CSV field, e.g. ``NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)``; empty on the host.
+
+    The CUDA version is the runtime's CuPy was built with (``runtimeGetVersion``).
+    """
+    if backend.name == "numpy":
+        return ""
+    cuda = backend.xp.cuda
+    name = cuda.runtime.getDeviceProperties(cuda.Device().id)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    runtime = cuda.runtime.runtimeGetVersion()  # 1000 * major + 10 * minor
+    return f"{name} (CuPy {backend.xp.__version__}, CUDA {runtime // 1000}.{runtime % 1000 // 10})"
+
+
+class DevicePeak:
+    """The high-water mark of a device backend's memory pool over one point.
+
+    Made before a point's set-up: it frees the blocks the pool caches (after a
+    garbage collection, so the previous point's arrays are gone), so that the
+    bytes the pool holds at the point's end (``total_bytes``: CuPy's pool keeps
+    what it allocated until asked to free it) are the most the point held at once.
+    Allocations outside the pool (pinned host buffers, cuBLAS workspaces) are not
+    counted. On the host backend ``on_device`` is False and nothing is done.
+    """
+
+    def __init__(self, backend):
+        self.on_device = backend.name != "numpy"
+        self._pool = backend.xp.get_default_memory_pool() if self.on_device else None
+        if self.on_device:
+            gc.collect()
+            self._pool.free_all_blocks()
+
+    def bytes(self):
+        """Bytes the pool holds now (None on the host)."""
+        return int(self._pool.total_bytes()) if self.on_device else None

@@ -24,13 +24,15 @@ from threadpoolctl import threadpool_limits
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
 from bench.faults import abort_job, describe, uninterrupted
-from bench.provenance import mpi_library, placement
+from bench.provenance import DevicePeak, device_description, mpi_library, placement
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
 from kernels.errors import InputError
 
 SCALINGS = ("strong", "weak")
+#: Fewest untimed runs on a device backend: the first runs compile kernels and create cuBLAS handles.
+DEVICE_WARMUP = 2
 
 
 @dataclass
@@ -117,6 +119,8 @@ def plan_points(case, config):
         raise InputError(f"unknown scaling {config.scaling!r}; choose strong or weak")
     if config.dtype not in case.dtypes:
         raise InputError(f"suite {case.name!r} runs dtype {' or '.join(case.dtypes)}, not {config.dtype!r}")
+    if config.backend not in case.backends:
+        raise InputError(f"suite {case.name!r} runs on backend {' or '.join(case.backends)}, not {config.backend!r}")
     plan, refusals = [], {}
     for ranks in config.ranks:
         for variant in config.variants:
@@ -173,13 +177,14 @@ def _measure_plan(comm, case, config, plan, results, emit):
     """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count."""
     backend = agree(comm, get_backend, config.backend, comm)
     library = mpi_library()
+    device = agree(comm, device_description, backend)
     wrong_total = 0
     for ranks in sorted({r for r, _ in plan}):
         sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
         failure = None
         if sub != MPI.COMM_NULL:
             try:
-                wrong_total += _measure_rank_count(sub, case, config, backend, results, library,
+                wrong_total += _measure_rank_count(sub, case, config, backend, results, (library, device),
                                                    [v for r, v in plan if r == ranks], emit)
             except AGREED as error:  # raised on every rank of sub
                 failure = ("input" if isinstance(error, InputError) else "rank", str(error))
@@ -195,15 +200,16 @@ def _measure_plan(comm, case, config, plan, results, emit):
     return wrong_total
 
 
-def _measure_rank_count(sub, case, config, backend, results, library, variants, emit):
-    """Measure every point of ``variants`` x sizes on ``sub``; return the wrong elements found."""
+def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit):
+    """Measure every point of ``variants`` x sizes on ``sub`` (``provenance``: MPI library and device
+    of the rows); return the wrong elements found."""
     where = placement(sub)
     if where.note and where.note not in config.skipped:
         config.skipped.append(where.note)
     threads = config.threads or max(1, (os.cpu_count() or 1) // where.ranks_here)
     settings = agree(sub, case.settings.column)
     wrong_total = 0
-    for variant in variants:
+    for variant in _available(sub, case, config, backend, variants):
         for size in config.sizes:
             base = dict(
                 suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
@@ -215,9 +221,29 @@ def _measure_rank_count(sub, case, config, backend, results, library, variants, 
             with threadpool_limits(limits=threads):
                 row = _measure_point(sub, case, config, backend, variant, size)
             wrong_total += row["wrong"] or 0
-            row.update(base, mpi_library=library, host=socket.gethostname())
+            row.update(base, mpi_library=provenance[0], device=provenance[1], host=socket.gethostname())
             agree(sub, _record, results, row, emit)
     return wrong_total
+
+
+def _available(sub, case, config, backend, variants):
+    """The variants of ``variants`` that ``case`` can run on ``backend`` with the ranks of ``sub``.
+
+    `bench.case.Case.unavailable` is asked on every rank (it is collective); rank 0's
+    answer counts. A variant it refuses is skipped with a note, or, when the variants
+    were named (``--variants``), refused on every rank with an `AgreedInputError`.
+    """
+    kept = []
+    for variant in variants:
+        reason = sub.bcast(agree(sub, case.unavailable, sub, variant, backend), root=0)
+        note = f"{variant} skipped on {config.backend}: {reason}"
+        if reason is None:
+            kept.append(variant)
+        elif config.variants_named:
+            raise AgreedInputError(f"variant {variant!r} cannot run on {config.backend}: {reason}")
+        elif note not in config.skipped:
+            config.skipped.append(note)
+    return kept
 
 
 def _record(results, row, emit):
@@ -236,11 +262,14 @@ def _measure_point(sub, case, config, backend, variant, size):
     Set-up, check, metrics and teardown go through `agree`; an error inside the
     timed work reaches `run_sweep`, which aborts the job.
     """
+    peak = DevicePeak(backend)
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
         timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
         wrong = sub.allreduce(wrong) if config.check else None
+    if peak.on_device:
+        params["device_peak_bytes"] = sub.allreduce(peak.bytes(), op=MPI.MAX)
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
@@ -262,11 +291,13 @@ def _torn_down(sub, case, state):
 
 
 def _prepare(sub, case, config, backend, variant, size):
-    """The point's problem size, iterations, warm-up runs and the state `case.setup` builds."""
+    """The point's problem size, iterations, warm-up runs (>= `DEVICE_WARMUP` on a device), `case.setup`'s state."""
     problem = case.problem_size(size, sub.size, config.scaling)
     default_iters, default_warmup = case.iterations(problem)
     iters = config.iters or default_iters
     warmup = default_warmup if config.warmup is None else config.warmup
+    if backend.name != "numpy":
+        warmup = max(warmup, DEVICE_WARMUP)
     return problem, iters, warmup, case.setup(sub, problem, variant, backend, config.dtype)
 
 

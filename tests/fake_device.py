@@ -98,15 +98,39 @@ class _FakeModule(types.ModuleType):
         return on_device
 
 
+class FakeMemoryPool:
+    """The device memory pool's interface the harness reads (``cupy.get_default_memory_pool()``):
+    it counts nothing; ``held`` stands for the bytes the pool holds, ``freed`` counts ``free_all_blocks``."""
+
+    def __init__(self):
+        self.held, self.freed = 0, 0
+
+    def free_all_blocks(self):
+        self.held, self.freed = 0, self.freed + 1
+
+    def total_bytes(self):
+        return self.held
+
+
 class FakeCupy(_FakeModule):
     """The array module of the simulated device (``xp``)."""
 
     ndarray = DeviceArray
+    __version__ = "0.0-simulated"
     cuda = types.SimpleNamespace(
-        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None))
+        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        Device=lambda: types.SimpleNamespace(id=0),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"Simulated GPU"},
+                                      runtimeGetVersion=lambda: 12040,
+                                      deviceGetPCIBusId=lambda device: "0000:00:00.0"))
 
     def __init__(self):
         super().__init__("fake_cupy", np)
+        self.pool = FakeMemoryPool()
+
+    def get_default_memory_pool(self):
+        """The simulated pool (`FakeMemoryPool`), one per module, as CuPy's default pool."""
+        return self.pool
 
     @staticmethod
     def asarray(array, dtype=None):

@@ -15,6 +15,7 @@ from bench.report.model import log2_ceil
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
 from parallel.collectives.auto import choose
+from parallel.collectives.nccl import NcclAllreduce, unavailable_reason
 
 SEED = 2024
 
@@ -32,12 +33,14 @@ class _State:
     algorithm: object
     send: object
     recv: object
+    nccl: object = None
 
 
 class Allreduce(Case):
     name = "allreduce"
     benchmark = "allreduce"
-    variants = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
+    variants = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS) + ("nccl",)
+    device_only_variants = {"nccl": "NCCL sums device buffers only (--backend cupy)"}
     size_unit = "bytes"
     size_help = "message size in bytes per rank (out of place, SUM)"
     default_sizes = "8:16M"
@@ -46,7 +49,9 @@ class Allreduce(Case):
                    "algorithms of parallel.collectives, and auto (one of them by size, as MPICH chooses). Every rank "
                    "sums a vector of size bytes out of place, the same buffers every run (the algorithms run them on "
                    "persistent requests from the second run); the inputs are small integers, so every order of "
-                   "summation gives the exact sum the check expects.")
+                   "summation gives the exact sum the check expects. On GPUs, nccl is the library reference "
+                   "(NCCL through CuPy, one GPU per rank, bootstrapped over MPI; the others pass device buffers to "
+                   "MPI through host staging unless MPI is CUDA-aware).")
 
     def problem_size(self, size, ranks, scaling):
         return size
@@ -61,15 +66,30 @@ class Allreduce(Case):
         count = size // itemsize
         send = backend.from_host(rank_input(comm.rank, count, dtype))
         recv = backend.xp.zeros(count, dtype)
+        if variant == "nccl":
+            nccl = NcclAllreduce(comm, backend.xp)
+            return _State(comm, backend, dtype, nccl, send, recv, nccl)
         algorithm = _mpi_allreduce if variant == "mpi" else ALLREDUCE_ALGORITHMS[variant]
         return _State(comm, backend, dtype, functools.partial(algorithm, comm), send, recv)
 
+    def unavailable(self, comm, variant, backend):
+        """As `Case.unavailable`; ``nccl`` on a device also needs NCCL in CuPy and one GPU per rank."""
+        reason = super().unavailable(comm, variant, backend)
+        if reason is None and variant == "nccl":
+            return unavailable_reason(comm, backend.xp)
+        return reason
+
     def run(self, state):
-        state.backend.staged(state.algorithm, state.send, state.recv, outputs=(1,))
+        if state.nccl is not None:  # device buffers straight to NCCL, never staged
+            state.nccl(state.send, state.recv)
+        else:
+            state.backend.staged(state.algorithm, state.send, state.recv, outputs=(1,))
 
     def teardown(self, state):
-        """Free the plans (persistent requests) kept for this point's buffers."""
+        """Free the plans (persistent requests) kept for this point's buffers, and the NCCL communicator."""
         release_plans(state.comm)
+        if state.nccl is not None:
+            state.nccl.close()
 
     def check(self, state):
         count = state.recv.size
@@ -89,6 +109,8 @@ class Allreduce(Case):
         (2 alpha + 2 n beta + n gamma); mpi: the cheaper of recursive doubling and
         Rabenseifner (MPICH's choice by size); auto: the algorithm it chooses. One rank: a copy of n bytes.
         """
+        if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
+            return None
         alpha, beta, gamma = calib["alpha_s"], calib["beta_s_per_byte"], calib["gamma_s_per_byte"]
         n, p = size, ranks
         if p == 1:

@@ -15,8 +15,11 @@ def mlscale_under_mpi(ranks, *args):
 def test_list_names_every_suite_and_variant():
     status, out, _ = mlscale("list")
     assert status == 0
-    assert "allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree" in out
-    assert "p2p: variants latency, bandwidth" in out
+    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, auto, nccl; "
+            "backends numpy, cupy") in out
+    assert "p2p: variants latency, bandwidth; backends numpy, cupy" in out
+    first_lines = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert len(first_lines) == 14 and all(line.endswith("; backends numpy, cupy") for line in first_lines)
 
 
 def test_sweep_measures_every_point_then_resumes(tmp_path):
@@ -31,6 +34,7 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     assert {row["ranks"] for row in rows} == {"1", "2", "3"}
     assert all(float(row["t_min_s"]) <= float(row["t_med_s"]) <= float(row["t_max_s"]) for row in rows)
     assert "busbw_GB/s" in out
+    assert out.count("# nccl skipped on numpy: NCCL sums device buffers only (--backend cupy)") == 1
     status, out, err = mlscale(*args)
     assert status == 0, err
     assert "nothing measured" in out
@@ -151,6 +155,15 @@ def test_a_named_variant_is_skipped_where_it_cannot_run(tmp_path):
     assert status == 0, err
     assert [row["ranks"] for row in rows_of(path)] == ["2"]
     assert "# skipped latency on 1 ranks" in out and "# skipped latency on 3 ranks" in out
+
+
+def test_a_named_variant_the_backend_cannot_run_is_one_line_and_status_2(tmp_path):
+    path = tmp_path / "allreduce.csv"
+    status, out, err = mlscale_under_mpi(2, "allreduce", "--variants", "mpi,nccl", "--sizes", "8", "--iters", "2",
+                                         "--csv", str(path))
+    assert status == 2
+    assert err == "mlscale: error: variant 'nccl' cannot run on numpy: NCCL sums device buffers only (--backend cupy)\n"
+    assert rows_of(path) == []
 
 
 def test_list_into_a_closed_pipe_ends_quietly():

@@ -176,6 +176,43 @@ def test_an_invalid_row_is_not_done_so_its_point_is_measured_again(tmp_path):
     assert results.done == {point_key(point(8))}
 
 
+# -- files written before the device column -------------------------------------------------------
+
+OLD_COLUMNS = tuple(column for column in COLUMNS if column != "device")
+
+
+def old_file(path, *points):
+    """A results file as mlscale wrote it before the ``device`` column (same schema version)."""
+    lines = [",".join(OLD_COLUMNS)] + [",".join(as_text(row)[column] for column in OLD_COLUMNS) for row in points]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_file_without_the_device_column_is_read_with_the_field_empty(tmp_path):
+    path = tmp_path / "old.csv"
+    old_file(path, point(8))
+    [(_, row)] = read_rows(str(path))
+    assert row["device"] == "" and row_problem(row) is None and row["size"] == "8"
+
+
+def test_a_file_without_the_device_column_is_resumed_in_its_own_columns(tmp_path):
+    path = tmp_path / "old.csv"
+    old_file(path, point(8))
+    results, warnings = reopen(path)
+    assert warnings == [] and results.done == {point_key(point(8))}
+    results.append(point(16, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)"))
+    results.close()
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(OLD_COLUMNS) and len(lines[2].split(",")) == len(OLD_COLUMNS)
+    assert [(row["size"], row["device"], row_problem(row)) for _, row in read_rows(str(path))] == [
+        ("8", "", None), ("16", "", None)]
+
+
+def test_a_new_file_records_the_device(tmp_path):
+    path = tmp_path / "new.csv"
+    written(path, point(8, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)"), point(16))
+    assert [row["device"] for _, row in read_rows(str(path))] == ["NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)", ""]
+
+
 # -- non-UTF-8 files -------------------------------------------------------------------------------
 
 def test_a_non_utf8_file_is_refused_naming_it(tmp_path):

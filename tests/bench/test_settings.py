@@ -111,7 +111,7 @@ def test_list_survives_a_bad_value_of_one_suite_and_shows_declarations():
     status, out, err = mlscale("list", MLSCALE_DP_MODEL="rnn", MLSCALE_GRID="2by2")
     assert status == 0, err
     lines = out.splitlines()
-    assert lines[0] == "p2p: variants latency, bandwidth"
+    assert lines[0] == "p2p: variants latency, bandwidth; backends numpy, cupy"
     assert sum(line.startswith(f"{name}: variants ") for line in lines for name in SUITES) == len(SUITES)
     status, out, err = mlscale("list", "dp", MLSCALE_DP_MODEL="rnn")
     assert status == 0, err

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from bench.cli import main
+from bench.registry import SUITES
 
 from tests.clitools import ROOT
 BASE = ["slurm", "allreduce", "--ntasks-per-node", "2", "--sizes", "8,1K", "--iters", "2"]
@@ -65,6 +66,18 @@ def test_weak_and_gpu_templates(capsys, tmp_path):
     assert "--ntasks-per-node=4" in sbatch_lines(text) and "--gpus-per-node=4" in sbatch_lines(text)
     assert re.match(r"\S*mpiexec -n 8 \S+ -m bench.cli run allreduce --backend cupy --scaling strong ",
                     run_line(text))
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_every_suite_renders_on_the_gpu_template_one_rank_per_gpu(capsys, tmp_path, suite):
+    status, lines, _ = mlscale_slurm(capsys, "slurm", suite, "--nodes", "1,2", "--gpus-per-node", "2",
+                                     "--backend", "cupy", "--out", str(tmp_path))
+    assert status == 0
+    for nodes in (1, 2):
+        text = open(tmp_path / f"{suite}-strong-gpu-N{nodes}.sbatch").read()
+        assert sbatch_lines(text)[1:4] == [f"--nodes={nodes}", "--ntasks-per-node=2", "--gpus-per-node=2"]
+        assert f" -m bench.cli run {suite} --backend cupy --scaling strong " in run_line(text)
+        assert subprocess.run(["bash", "-n", str(tmp_path / f"{suite}-strong-gpu-N{nodes}.sbatch")]).returncode == 0
 
 
 def test_mpiexec_script_runs_outside_slurm(capsys, tmp_path):
