@@ -147,9 +147,9 @@ class FakeCupy(_FakeModule):
         return array.get() if isinstance(array, DeviceArray) else np.asarray(array)
 
     @staticmethod
-    def ascontiguousarray(array):
-        """Contiguous copy (or the array itself), on the device."""
-        return np.ascontiguousarray(array.view(np.ndarray)).view(DeviceArray)
+    def ascontiguousarray(array, dtype=None):
+        """Contiguous copy (or the array itself), on the device (of ``dtype`` when given)."""
+        return np.ascontiguousarray(_unwrap(array), dtype=dtype).view(DeviceArray)
 
 
 def fake_device_backend():

@@ -29,9 +29,15 @@ bytes_sent (max over ranks, convention of `svm.distributed.common`), predict_s,
 reference_accuracy, accuracy_gap (the serial reference's test accuracy minus
 this variant's, in percentage points: positive = worse than serial), tolerance,
 mismatches (dis_smo).
+
+Backends: numpy and cupy. On a device the training and test sets are loaded on
+the host (same seeds) and moved once in setup; every variant but ``sklearn``
+(host only: scikit-learn has no device version) trains, predicts and scores
+on the device with ``backend.comm(comm)``; the check reads the predictions
+back for the comparison with the host references.
 """
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -41,6 +47,7 @@ from mpi4py import MPI
 from bench.case import Case, Metrics
 from bench.settings import Setting
 from bench.sweep import sleeping_barrier
+from kernels.backend import get_backend
 from kernels.errors import InputError
 from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION, load_dataset
 from svm.solver.gram import kernel_product, make_kernel
@@ -85,6 +92,8 @@ def make_estimator(variant, comm):
 
 @dataclass
 class _State:
+    """One point: the model and the sets it trains and predicts on (device arrays on a device backend)."""
+
     comm: object
     variant: str
     data: str
@@ -94,6 +103,11 @@ class _State:
     y_train: np.ndarray
     y_test: np.ndarray
     evaluation: Optional[dict] = None
+    backend: object = field(default_factory=get_backend)
+    host: tuple = ()  #: (X_train, X_test, y_train, y_test) on the host, for the references (default: the sets)
+
+    def __post_init__(self):
+        self.host = self.host or (self.X_train, self.X_test, self.y_train, self.y_test)
 
 
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
@@ -111,6 +125,7 @@ class SVMSuite(Case):
     metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params accuracy_gap (points "
                     "below serial), n_sv, n_iter, bytes_sent, predict_s")
     dtypes = ("float64",)
+    host_only_variants = {"sklearn": "scikit-learn's SVC runs on the host only"}
 
     description = ("Training a binary RBF C-SVM (C = 1, gamma = scale): scikit-learn's SVC and this project's "
                    "serial SMO on one rank against the distributed solvers Dis-SMO, Cascade, DC-SVM, CP-SVM and "
@@ -132,11 +147,13 @@ class SVMSuite(Case):
         return 3, 1
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError(f"suite svm runs on the numpy backend only, not {backend.name!r}")
-        X_train, X_test, y_train, y_test = load_dataset(self.data, n=size, seed=0)
-        model = make_estimator(variant, comm)
-        return _State(comm, variant, self.data, model, X_train, X_test, y_train, y_test)
+        reason = self.unavailable(comm, variant, backend)
+        if reason:
+            raise InputError(f"variant {variant} cannot run on backend {backend.name}: {reason}")
+        host = load_dataset(self.data, n=size, seed=0)
+        model = make_estimator(variant, backend.comm(comm))
+        return _State(comm, variant, self.data, model, *(backend.from_host(part) for part in host), backend=backend,
+                      host=host)
 
     def run(self, state):
         state.evaluation = None
@@ -185,7 +202,7 @@ def _evaluate(state):
         start = MPI.Wtime()
         predictions = model.predict(state.X_test)
         predict_s = MPI.Wtime() - start
-        figures = dict(accuracy=float(np.mean(predictions == state.y_test)), n_sv=int(len(model.support_)),
+        figures = dict(accuracy=float((predictions == state.y_test).mean()), n_sv=int(len(model.support_)),
                        n_iter=int(np.sum(model.n_iter_)), predict_s=predict_s,
                        bytes_sent=0 if serial else model.bytes_sent_)
     if serial:
@@ -202,7 +219,8 @@ def _evaluate(state):
         if state.variant == "dis_smo":
             serial_smo = _reference(state, "smo_no_shrinking")
             decided = np.abs(serial_smo["decision"]) > SETTINGS["tol"]
-            references["mismatches"] = int(np.count_nonzero((predictions != serial_smo["predictions"]) & decided))
+            wrong = (state.backend.to_host(predictions) != serial_smo["predictions"]) & decided
+            references["mismatches"] = int(np.count_nonzero(wrong))
     state.evaluation = dict(figures, **comm.bcast(references, root=0))
     return state.evaluation
 
@@ -213,15 +231,16 @@ def _reference(state, kind):
     ``kind`` is ``sklearn`` or ``smo_no_shrinking`` (`svm.solver.smo.smo_solve` with +1 for the
     larger label, as the parallel SVMs: the iterates `svm.distributed.dis_smo` reproduces).
     """
-    key = (state.data, len(state.X_train), kind)
+    X_train, X_test, y_train, y_test = state.host
+    key = (state.data, len(X_train), kind)
     if key not in _references:
         if kind == "sklearn":
-            model = make_estimator("sklearn", None).fit(state.X_train, state.y_train)
-            predictions, decision = model.predict(state.X_test), model.decision_function(state.X_test)
+            model = make_estimator("sklearn", None).fit(X_train, y_train)
+            predictions, decision = model.predict(X_test), model.decision_function(X_test)
         else:
-            predictions, decision = _serial_smo(state.X_train, state.y_train, state.X_test)
+            predictions, decision = _serial_smo(X_train, y_train, X_test)
         _references[key] = dict(predictions=predictions, decision=decision,
-                                accuracy=float(np.mean(predictions == state.y_test)))
+                                accuracy=float(np.mean(predictions == y_test)))
     return _references[key]
 
 

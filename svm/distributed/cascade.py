@@ -29,12 +29,16 @@ Communication per pass, with ``k`` support vectors in a set: one message of
 of a 3-double header and ``8 k (d + 3)`` bytes from rank 0. Each check: an
 Allgatherv of 4 doubles and one of 1 int64 per rank, one of the violators' rows,
 and ``n k / p`` kernel values per rank.
+
+On a device (CuPy samples, a `kernels.backend.Backend.comm`) the packed sets,
+solves and checks stay in device memory; headers and counts are host values.
 """
 import warnings
 from numbers import Real
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product
@@ -45,16 +49,18 @@ INDEX, LABEL, ALPHA, FEATURES = 0, 1, 2, 3  # columns of a packed sample set
 
 
 def pack(indices, labels, alpha, X):
-    """Rows ``(index, label, alpha, x...)`` of a sample set (shape (k, d + 3))."""
-    return np.column_stack((indices, labels, alpha, X)).astype(np.float64, copy=False)
+    """Rows ``(index, label, alpha, x...)`` of a sample set (shape (k, d + 3), in the array module of ``X``)."""
+    return array_module(X).column_stack((indices, labels, alpha, X)).astype(np.float64, copy=False)
 
 
 def union(first, second):
-    """Distinct samples of two packed sets (sorted by index) and the sum of their alphas per sample."""
-    rows = np.vstack((first, second))
-    _, where, inverse = np.unique(rows[:, INDEX], return_index=True, return_inverse=True)
-    alpha = np.zeros(len(where))
-    np.add.at(alpha, inverse.reshape(-1), rows[:, ALPHA])
+    """Distinct samples of two packed sets (sorted by index) and the sum of their alphas per sample.
+
+    Each set holds a sample at most once, so a sum has at most two terms (exact in any order)."""
+    xp = array_module(first)
+    rows = xp.vstack((first, second))
+    _, where, inverse = xp.unique(rows[:, INDEX], return_index=True, return_inverse=True)
+    alpha = xp.bincount(inverse.reshape(-1), weights=rows[:, ALPHA], minlength=len(where))
     return rows[where], alpha
 
 
@@ -95,11 +101,11 @@ class CascadeSVM(ParallelSVC):
         that its samples meet the other class higher up the tree.
         """
         labels = rows[:, LABEL]
-        if len(np.unique(labels)) < 2:
+        if len(array_module(rows).unique(labels)) < 2:
             rows = rows.copy()
             rows[:, ALPHA] = 0.0
             return rows, 0.0, 0.0
-        if alpha0.max() > self.C:
+        if float(alpha0.max()) > self.C:
             alpha0 = alpha0 / 2
         result = smo_solve(rows[:, FEATURES:], labels, self.kernel_, self.C, self.tol, alpha0,
                            self.cache_bytes)
@@ -119,19 +125,19 @@ class CascadeSVM(ParallelSVC):
                 comm.send_rows(model[0], comm.rank - step)
                 return None
             if comm.rank + step < comm.size:
-                received = comm.recv_rows(comm.rank + step, own.shape[1])
+                received = comm.recv_rows(comm.rank + step, own.shape[1], xp=array_module(own))
                 model = self._solve(*union(model[0], received))
             step *= 2
         return model
 
     @staticmethod
-    def _broadcast(comm, model, settled, width):
+    def _broadcast(comm, model, settled, width, xp):
         """Broadcast rank 0's model; return ``(support set, objective, settled)`` on every rank."""
         header = np.zeros(3)
         if comm.rank == 0:
             header[:] = len(model[0]), settled, model[2]
         comm.Bcast(header)
-        rows = model[0] if comm.rank == 0 else np.empty((int(header[0]), width))
+        rows = model[0] if comm.rank == 0 else xp.empty((int(header[0]), width))
         comm.Bcast(rows)
         return rows, header[2], bool(header[1])
 
@@ -143,17 +149,18 @@ class CascadeSVM(ParallelSVC):
         if not isinstance(self.objective_rtol, Real) or not self.objective_rtol >= 0:
             raise InputError(f"objective_rtol must be >= 0, got {self.objective_rtol!r}")
         comm, X, signs = self._begin_fit(X, y)
+        xp = array_module(X)
         start, stop = block_range(len(X), comm.size, comm.rank)
-        own = pack(np.arange(start, stop), signs[start:stop], np.zeros(stop - start), X[start:stop])
+        own = pack(xp.arange(start, stop), signs[start:stop], xp.zeros(stop - start), X[start:stop])
         self.smo_iter_ = 0
         fed_back, previous, converged, gap = own[:0], None, False, np.inf
         for passes in range(1, self.max_passes + 1):
             root = self._pass(comm, own, fed_back)
             settled = False
             if root is not None and previous is not None:
-                same_set = np.array_equal(root[0][:, INDEX], previous[0][:, INDEX])
+                same_set = bool(xp.array_equal(root[0][:, INDEX], previous[0][:, INDEX]))
                 settled = same_set or abs(root[2] - previous[1]) <= self.objective_rtol * abs(root[2])
-            fed_back, objective, settled = self._broadcast(comm, root, settled, own.shape[1])
+            fed_back, objective, settled = self._broadcast(comm, root, settled, own.shape[1], xp)
             previous = (fed_back, objective)
             if settled or passes == self.max_passes:
                 bias, gap, violators = self._global_check(comm, own, start, fed_back)
@@ -161,7 +168,7 @@ class CascadeSVM(ParallelSVC):
                 converged = len(violators) == 0  # violating pairs, if any, lie in the root's set: solved to tol
                 if converged:
                     break
-                fed_back = np.vstack((fed_back, violators))
+                fed_back = xp.vstack((fed_back, violators))
         if not converged:
             warnings.warn(f"Cascade SVM stopped at max_passes={self.max_passes} before its support vectors "
                           f"settled (KKT gap over all samples {gap:.3g}, tol {self.tol})", ConvergenceWarning,
@@ -188,7 +195,7 @@ class CascadeSVM(ParallelSVC):
         Each rank evaluates ``F`` on its own block (``n / p`` rows times ``k``
         support vectors); one Allgatherv of 4 doubles per rank.
         """
-        alpha = np.zeros(len(own))
+        alpha = array_module(own).zeros(len(own))
         position = model[:, INDEX].astype(np.int64) - start  # own holds the samples start, start + 1, ...
         held = (position >= 0) & (position < len(own))
         alpha[position[held]] = model[held, ALPHA]
@@ -209,6 +216,7 @@ class CascadeSVM(ParallelSVC):
         width = rows.shape[1]
         counts = np.empty(comm.size, dtype=np.int64)
         comm.Allgatherv(np.array([rows.size], dtype=np.int64), counts, [1] * comm.size)
-        gathered = np.empty(int(counts.sum()))
-        comm.Allgatherv(np.ascontiguousarray(rows).ravel(), gathered, counts)
+        xp = array_module(rows)
+        gathered = xp.empty(int(counts.sum()))
+        comm.Allgatherv(xp.ascontiguousarray(rows).ravel(), gathered, counts)
         return gathered.reshape(-1, width)

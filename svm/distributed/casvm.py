@@ -24,10 +24,16 @@ float64) and routing costs ``O(q n d)`` flops for ``q`` queries instead of
 - `CASVM`: communication-avoiding: balanced partitions (first come, first
   served, or balanced k-means), optionally keeping the global class ratio in
   each partition, computed redundantly on every rank, so training sends nothing.
+
+On a device (CuPy samples, a `kernels.backend.Backend.comm`) the partitions,
+local solves, models and routing stay in device memory (see
+`svm.distributed.partition` for the host-side random draws).
 """
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
+from svm.solver.arrays import to_host
 from svm.distributed.common import ParallelSVC
 from svm.distributed.local_models import LocalModels, nearest_centre, neighbour_vote
 from svm.distributed.partition import balanced_partition, check_positive_int, distributed_kmeans
@@ -90,8 +96,9 @@ class PartitionedSVC(ParallelSVC):
         labels, self.centres_ = self._partition(comm, X, signs)
         self.routing_points_ = X
         self.partition_labels_ = labels
-        self.partition_sizes_ = np.bincount(labels, minlength=comm.size)
-        payload = self._train_own_partition(X, signs, np.flatnonzero(labels == comm.rank))
+        xp = array_module(X)
+        self.partition_sizes_ = xp.bincount(labels, minlength=comm.size)
+        payload = self._train_own_partition(X, signs, xp.flatnonzero(labels == comm.rank))
         before = comm.bytes_sent
         self._collect(X, self._exchange(comm, payload))
         self.exchange_bytes_ = comm.bytes_sent - before
@@ -100,36 +107,41 @@ class PartitionedSVC(ParallelSVC):
 
     def _train_own_partition(self, X, signs, members):
         """Solve this rank's partition; return ``[bias, n_iter, objective, sv indices..., y alpha...]``."""
+        xp = array_module(X)
         if len(members) == 0:
-            return np.zeros(_HEADER)
+            return xp.zeros(_HEADER)
         result = smo_solve(X[members], signs[members], self.kernel_, self.C, self.tol, cache_bytes=self.cache_bytes)
         support = result.alpha > 0
         coef = (result.alpha * signs[members])[support]
-        return np.concatenate([[result.bias, result.n_iter, result.objective], members[support], coef])
+        header = xp.asarray(np.array([result.bias, result.n_iter, result.objective]))
+        return xp.concatenate([header, members[support].astype(np.float64), coef])
 
     @staticmethod
     def _exchange(comm, payload):
         """Allgatherv every rank's payload; return the list of payloads in rank order."""
         lengths = np.empty(comm.size, dtype=np.int64)
         comm.Allgatherv(np.array([len(payload)], dtype=np.int64), lengths, [1] * comm.size)
-        gathered = np.empty(int(lengths.sum()))
+        xp = array_module(payload)
+        gathered = xp.empty(int(lengths.sum()))
         comm.Allgatherv(payload, gathered, lengths)
-        return np.split(gathered, np.cumsum(lengths)[:-1])
+        return xp.split(gathered, np.cumsum(lengths)[:-1].tolist())
 
     def _collect(self, X, payloads):
-        """Set the learned attributes from every rank's payload."""
-        header = np.array([payload[:_HEADER] for payload in payloads])
+        """Set the learned attributes from every rank's payload (in the array module of ``X``)."""
+        xp = array_module(X)
+        header = xp.stack([payload[:_HEADER] for payload in payloads])
         n_support = [(len(payload) - _HEADER) // 2 for payload in payloads]
-        support = np.concatenate([p[_HEADER:_HEADER + s] for p, s in zip(payloads, n_support)]).astype(np.int64)
-        coef = np.concatenate([p[_HEADER + s:] for p, s in zip(payloads, n_support)])
-        partition = np.repeat(np.arange(len(payloads)), n_support)
+        support = xp.concatenate([p[_HEADER:_HEADER + s] for p, s in zip(payloads, n_support)]).astype(np.int64)
+        coef = xp.concatenate([p[_HEADER + s:] for p, s in zip(payloads, n_support)])
+        partition = xp.asarray(np.repeat(np.arange(len(payloads)), n_support))
         self.local_models_ = LocalModels(support, X[support], coef, partition, header[:, 0].copy())
         self.support_, self.support_vectors_ = support, self.local_models_.support_vectors
         self.dual_coef_ = coef.reshape(1, -1)
         self.intercept_ = header[:, 0].copy()
-        self.partition_n_iter_ = header[:, 1].astype(np.int64)
+        host_header = to_host(header)
+        self.partition_n_iter_ = host_header[:, 1].astype(np.int64)
         self.n_iter_ = int(self.partition_n_iter_.max())
-        self.dual_objective_ = float(header[:, 2].sum())
+        self.dual_objective_ = float(host_header[:, 2].sum())
 
     def route(self, X):
         """Partition whose model answers each row of ``X`` (by ``routing``; module doc)."""

@@ -2,12 +2,18 @@
 
 Bytes sent (``bytes_sent_`` of every parallel SVM) are counted by `kernels.traffic`:
 pickled objects (``bcast``, ``allgather``) count their pickle size.
+
+The estimators compute in the array module of the training samples
+(`kernels.backend.array_module`): pass device (CuPy) arrays, and a ``comm`` from
+`kernels.backend.Backend.comm` that hands device buffers to MPI, and the model
+stays on the device.
 """
 import pickle
 
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from kernels.traffic import TrafficCounter
 from svm.solver.gram import kernel_product, make_kernel
@@ -66,13 +72,13 @@ class CountingComm(TrafficCounter):
 
     def send_rows(self, rows, dest, tag=0):
         """Send a 2D float64 array as one message (its row count travels implicitly)."""
-        self.Send(np.ascontiguousarray(rows, dtype=np.float64), dest, tag)
+        self.Send(array_module(rows).ascontiguousarray(rows, dtype=np.float64), dest, tag)
 
-    def recv_rows(self, source, width, tag=0):
-        """Receive a message of `send_rows` with rows of ``width`` values; return it as ``(k, width)``."""
+    def recv_rows(self, source, width, tag=0, xp=np):
+        """Receive a message of `send_rows` with rows of ``width`` values; return it as ``(k, width)`` in ``xp``."""
         status = MPI.Status()
         self.comm.Probe(source=source, tag=tag, status=status)
-        rows = np.empty((status.Get_count(MPI.DOUBLE) // width, width))
+        rows = xp.empty((status.Get_count(MPI.DOUBLE) // width, width))
         self.comm.Recv(rows, source=source, tag=tag)
         return rows
 
@@ -81,14 +87,16 @@ def binary_labels(y, n):
     """Return ``(classes, signs)``: the two sorted labels and ``+1`` for ``classes[1]``, ``-1`` for ``classes[0]``.
 
     Raises `InputError` unless ``y`` holds ``n`` labels of exactly two classes.
+    Both results are in the array module of ``y``.
     """
-    y = np.asarray(y)
+    xp = array_module(y)
+    y = xp.asarray(y)
     if y.shape != (n,):
         raise InputError(f"y must hold one label per sample ({n}), got shape {y.shape}")
-    classes, codes = np.unique(y, return_inverse=True)
+    classes, codes = xp.unique(y, return_inverse=True)
     if len(classes) != 2:
         raise InputError(f"the parallel SVMs are binary: need exactly 2 classes, got {len(classes)}")
-    return classes, np.where(codes.reshape(-1) == 1, 1.0, -1.0)
+    return classes, xp.where(codes.reshape(-1) == 1, 1.0, -1.0)
 
 
 class ParallelSVC:
@@ -144,20 +152,22 @@ class ParallelSVC:
             ``self.comm`` (or COMM_WORLD) with a fresh byte count.
         X : ndarray of shape (n, d), float64
         signs : ndarray of shape (n,)
-            Labels mapped to -1 / +1.
+            Labels mapped to -1 / +1 (in the array module of ``X``).
         """
         X = check_samples(X)
-        self.classes_, signs = binary_labels(y, len(X))
+        self.classes_, signs = binary_labels(array_module(X).asarray(y), len(X))
         check_solver_options(self.C, self.tol, max_iter)
         self.kernel_ = make_kernel(self.kernel, X, self.gamma, self.coef0, self.degree)
         return CountingComm(resolve_comm(self.comm)), X, signs
 
     def _end_fit(self, comm, support, support_vectors, coef, bias, objective, n_iter):
-        """Set the learned attributes of the final model (the same on every rank)."""
-        self.support_ = np.asarray(support, dtype=np.int64)
-        self.support_vectors_ = np.ascontiguousarray(support_vectors, dtype=np.float64)
-        self.dual_coef_ = np.asarray(coef, dtype=np.float64).reshape(1, -1)
-        self.intercept_ = np.array([float(bias)])
+        """Set the learned attributes of the final model (the same on every rank, in the array module
+        of ``support_vectors``)."""
+        xp = array_module(support_vectors)
+        self.support_ = xp.asarray(support, dtype=np.int64)
+        self.support_vectors_ = xp.ascontiguousarray(support_vectors, dtype=np.float64)
+        self.dual_coef_ = xp.asarray(coef, dtype=np.float64).reshape(1, -1)
+        self.intercept_ = xp.asarray(np.array([float(bias)]))
         self.dual_objective_ = float(objective)
         self.n_iter_ = int(n_iter)
         self.bytes_sent_ = comm.bytes_sent
@@ -180,4 +190,5 @@ class ParallelSVC:
 
     def score(self, X, y):
         """Mean accuracy of `predict` on ``X`` against ``y``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+        predictions = self.predict(X)
+        return float((predictions == array_module(predictions).asarray(y)).mean())

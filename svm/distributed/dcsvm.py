@@ -15,13 +15,20 @@ DC-SVM's serial part), so every rank holds the exact SVM of the full data.
 
 Early prediction (``early=True``) skips the global model: a query is answered by
 the level-1 model of its nearest cluster in kernel distance.
+
+On a device (CuPy samples, a `kernels.backend.Backend.comm`) the kernel
+k-means, the solves, alphas and models stay in device memory; the cluster
+labels of the levels are host index arrays (they steer the Python loops over
+clusters), and the sample is drawn by a host generator.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.distribution import block_range
 from kernels.errors import InputError
+from svm.solver.arrays import to_host
 from svm.solver.gram import kernel_product
 from svm.distributed.common import ParallelSVC
 from svm.distributed.local_models import LocalModels
@@ -44,14 +51,14 @@ class KernelClusters:
 
     def weights(self):
         """Matrix ``(m, k)`` with ``1 / |S_c|`` where sample point ``i`` is in ``c``, else 0."""
-        k = len(self.self_terms)
-        onehot = np.zeros((len(self.sample), k))
-        onehot[np.arange(len(self.sample)), self.labels] = 1.0
-        return onehot / np.maximum(onehot.sum(axis=0), 1.0)
+        k, xp = len(self.self_terms), array_module(self.sample)
+        onehot = xp.zeros((len(self.sample), k))
+        onehot[xp.arange(len(self.sample)), self.labels] = 1.0
+        return onehot / xp.maximum(onehot.sum(axis=0), 1.0)
 
     def nearest(self, kernel, X):
         """Cluster of each row of ``X`` by kernel distance (one blocked kernel product)."""
-        return np.argmin(self.self_terms - 2.0 * kernel_product(kernel, X, self.sample, self.weights()), axis=1)
+        return (self.self_terms - 2.0 * kernel_product(kernel, X, self.sample, self.weights())).argmin(axis=1)
 
 
 def kernel_kmeans(comm, S, kernel, k, rng, max_iter=30):
@@ -80,23 +87,24 @@ def kernel_kmeans(comm, S, kernel, k, rng, max_iter=30):
     an Allgatherv of the ``m`` int64 labels: about ``4 log p`` messages and
     ``16 k + 8 m`` bytes per rank. Computation ``O(m^2 k / p)`` per iteration.
     """
+    xp = array_module(S)
     m, k = len(S), min(k, len(S))
     start, stop = block_range(m, comm.size, comm.rank)
     rows = kernel.block(S[start:stop], S)
     seeds = S[rng.choice(m, k, replace=False)]
-    labels = np.argmin(kernel.diagonal(seeds)[None, :] - 2.0 * kernel.block(S, seeds), axis=1)
-    within = np.empty(k)
+    labels = (kernel.diagonal(seeds)[None, :] - 2.0 * kernel.block(S, seeds)).argmin(axis=1)
+    within = xp.empty(k)
     for n_iter in range(max_iter + 1):
-        clusters = KernelClusters(S, labels, np.zeros(k))
+        clusters = KernelClusters(S, labels, xp.zeros(k))
         mean_rows = rows @ clusters.weights()  # (block, k): mean of K(x_i, S_c)
         own = labels[start:stop]
-        sizes = np.bincount(labels, minlength=k)
-        local = np.zeros(k)  # float64 even for an empty block (np.bincount would give int64 there)
-        np.add.at(local, own, mean_rows[np.arange(len(own)), own] / np.maximum(sizes[own], 1))
+        sizes = xp.bincount(labels, minlength=k)
+        contribution = mean_rows[xp.arange(len(own)), own] / xp.maximum(sizes[own], 1)
+        local = xp.bincount(own, weights=contribution, minlength=k).astype(np.float64)  # (float64 when empty)
         comm.Allreduce(local, within)
-        clusters.self_terms = np.where(sizes > 0, within, np.inf)
-        new = gather_labels(comm, np.argmin(clusters.self_terms - 2.0 * mean_rows, axis=1), m)
-        if np.array_equal(new, labels) or n_iter == max_iter:
+        clusters.self_terms = xp.where(sizes > 0, within, np.inf)
+        new = gather_labels(comm, (clusters.self_terms - 2.0 * mean_rows).argmin(axis=1), m)
+        if bool(xp.array_equal(new, labels)) or n_iter == max_iter:
             return clusters
         labels = new
 
@@ -115,7 +123,7 @@ def deal_largest_first(sizes, parts):
     """Owner rank of each cluster: largest first, each to the least loaded rank (ties: lowest rank)."""
     owner = np.zeros(len(sizes), dtype=np.int64)
     load = np.zeros(parts)
-    for cluster in np.argsort(-np.asarray(sizes), kind="stable"):
+    for cluster in np.argsort(-to_host(sizes), kind="stable"):
         owner[cluster] = int(np.argmin(load))
         load[owner[cluster]] += sizes[cluster]
     return owner
@@ -149,7 +157,7 @@ class DCSVM(ParallelSVC):
     level_n_iter_ : ndarray of shape (n_levels,)
         SMO iterations summed over the clusters of each level (index 0: level 1).
     cluster_labels_ : ndarray of shape (n_levels, n)
-        Cluster of each training sample at each level (index 0: level 1).
+        Cluster of each training sample at each level (index 0: level 1; host array).
     clusters_ : svm.distributed.partition.KernelClusters
         The level-1 clusters (routing for early prediction).
     early_models_ : svm.distributed.local_models.LocalModels
@@ -181,22 +189,24 @@ class DCSVM(ParallelSVC):
         for name, value in (("n_clusters", k), ("n_levels", self.n_levels), ("sample_size", self.sample_size),
                             ("kmeans_iter", self.kmeans_iter)):
             check_positive_int(name, value)
+        xp = array_module(X)
         self.cluster_labels_ = self._divide(comm, X, k)
-        alpha = np.zeros(len(X))
+        alpha = xp.zeros(len(X))
         self.level_n_iter_ = np.zeros(self.n_levels, dtype=np.int64)
         for level in reversed(range(self.n_levels)):
             alpha, bias, n_iter = self._conquer(comm, X, signs, self.cluster_labels_[level], k ** (level + 1), alpha)
             self.level_n_iter_[level] = n_iter.sum()
-        support = np.flatnonzero(alpha)
+        support = xp.flatnonzero(alpha)
         self.early_models_ = LocalModels(support, X[support], (alpha * signs)[support],
-                                         self.cluster_labels_[0][support], bias)
-        solution = np.empty(len(X) + 3)
+                                         xp.asarray(self.cluster_labels_[0])[support], xp.asarray(bias))
+        solution = xp.empty(len(X) + 3)
         if comm.rank == 0:
             result = smo_solve(X, signs, self.kernel_, self.C, self.tol, alpha0=alpha, cache_bytes=self.cache_bytes)
-            solution[:] = np.concatenate([result.alpha, [result.bias, result.n_iter, result.objective]])
+            solution[:len(X)] = result.alpha
+            solution[len(X):] = xp.asarray(np.array([result.bias, result.n_iter, result.objective]))
         comm.Bcast(solution, root=0)
-        alpha, (bias, n_iter, objective) = solution[:len(X)], solution[len(X):]
-        support = np.flatnonzero(alpha)
+        alpha, (bias, n_iter, objective) = solution[:len(X)], to_host(solution[len(X):]).tolist()
+        support = xp.flatnonzero(alpha)
         return self._end_fit(comm, support, X[support], (alpha * signs)[support], bias, objective, n_iter)
 
     def _divide(self, comm, X, k):
@@ -217,7 +227,7 @@ class DCSVM(ParallelSVC):
                     continue
                 points = np.flatnonzero(labels == cluster)
                 split = kernel_kmeans(comm, X[picked], self.kernel_, k, rng, self.kmeans_iter)
-                children[points] += assign_points(comm, X[points], split, self.kernel_)
+                children[points] += to_host(assign_points(comm, X[points], split, self.kernel_))
                 if not levels:
                     self.clusters_ = split
             labels = children
@@ -227,26 +237,28 @@ class DCSVM(ParallelSVC):
     def _conquer(self, comm, X, signs, labels, n_clusters, alpha):
         """Solve every cluster of one level on its owner, warm-started from ``alpha``; share the results.
 
-        Returns the new alphas (n,), and each cluster's bias and SMO iterations (``n_clusters``,).
+        Returns the new alphas (n,), and each cluster's bias and SMO iterations (``n_clusters``,; host arrays).
         """
+        xp = array_module(X)
         sizes = np.bincount(labels, minlength=n_clusters)
         members = np.split(np.argsort(labels, kind="stable"), np.cumsum(sizes)[:-1])
         owner = deal_largest_first(sizes, comm.size)
         owned = [np.flatnonzero((owner == rank) & (sizes > 0)) for rank in range(comm.size)]
         results = [smo_solve(X[members[c]], signs[members[c]], self.kernel_, self.C, self.tol,
                              alpha0=alpha[members[c]], cache_bytes=self.cache_bytes) for c in owned[comm.rank]]
-        payload = np.concatenate([r.alpha for r in results] + [[r.bias for r in results], [r.n_iter for r in results]])
+        figures = xp.asarray(np.array([r.bias for r in results] + [r.n_iter for r in results], dtype=np.float64))
+        payload = xp.concatenate([r.alpha for r in results] + [figures])
         counts = [int(sizes[clusters].sum()) + 2 * len(clusters) for clusters in owned]
-        gathered = np.empty(sum(counts))
+        gathered = xp.empty(sum(counts))
         comm.Allgatherv(payload, gathered, counts)
-        new_alpha, bias, n_iter = np.zeros(len(X)), np.zeros(n_clusters), np.zeros(n_clusters, dtype=np.int64)
+        new_alpha, bias, n_iter = xp.zeros(len(X)), np.zeros(n_clusters), np.zeros(n_clusters, dtype=np.int64)
         offset = 0
         for clusters in owned:
             points = np.concatenate([members[c] for c in clusters] + [np.zeros(0, dtype=np.int64)])
             new_alpha[points] = gathered[offset:offset + len(points)]
             offset += len(points)
-            bias[clusters] = gathered[offset:offset + len(clusters)]
-            n_iter[clusters] = gathered[offset + len(clusters):offset + 2 * len(clusters)]
+            figures = to_host(gathered[offset:offset + 2 * len(clusters)])
+            bias[clusters], n_iter[clusters] = figures[:len(clusters)], figures[len(clusters):]
             offset += 2 * len(clusters)
         return new_alpha, bias, n_iter
 
@@ -268,4 +280,5 @@ class DCSVM(ParallelSVC):
 
     def score(self, X, y, early=False):
         """Mean accuracy of `predict` on ``X`` against ``y``."""
-        return float(np.mean(self.predict(X, early) == np.asarray(y)))
+        predictions = self.predict(X, early)
+        return float((predictions == array_module(predictions).asarray(y)).mean())

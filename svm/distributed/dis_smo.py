@@ -24,6 +24,11 @@ larger key wins, ties go to the smaller index, which is exactly NumPy's
 rounding of the final sums. Shrinking is left out (its decisions need global
 extremes every few iterations and only save kernel columns).
 
+On a device (CuPy arrays and a `kernels.backend.Backend.comm`), ``alpha``,
+``F`` and the kernel rows stay in device memory; each rank reads back one
+group of scalars per candidate record (`svm.solver.arrays.fetch`) and the
+records, built on the host, travel as host buffers.
+
 Communication per iteration: two Allreduces of 96 and 48 bytes
 (``2 (alpha + 144 beta) log2 p``); at the end one Allreduce of 3 doubles and one
 Allgatherv of ``alpha`` (``8 n (p - 1) / p`` bytes per rank).
@@ -33,12 +38,13 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distribution import block_counts, block_range
-from kernels.errors import InputError
+from svm.solver.arrays import fetch, to_host
 from svm.solver.gram import KernelRowCache
 from svm.distributed.common import CountingComm, ParallelSVC
 from svm.solver.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, up_low, bias_from_parts,
-                     check_samples, check_solver_options, pair_step)
+                            check_samples, check_signs, check_solver_options, pair_step)
 
 #: Width of a candidate record: key, global index, then four payload values.
 RECORD = 6
@@ -75,11 +81,15 @@ class _BestCandidates:
 
 
 def _candidate(keys, start, *payload):
-    """Record of the first maximum of ``keys`` (global index ``start + k``) with ``payload[...][k]``."""
+    """Record of the first maximum of ``keys`` (global index ``start + k``) with ``payload[...][k]``.
+
+    Host floats (one `fetch` from a device)."""
     if len(keys) == 0:
         return _NONE
-    k = int(np.argmax(keys))
-    return (keys[k], start + k) + tuple(values[k] for values in payload) + (0.0,) * (RECORD - 2 - len(payload))
+    xp = array_module(keys)
+    k = xp.argmax(keys)
+    k, key, *values = fetch(xp, k, keys[k], *(values[k] for values in payload))
+    return (key, start + k, *values) + (0.0,) * (RECORD - 2 - len(payload))
 
 
 class _BlockSolver:
@@ -87,9 +97,11 @@ class _BlockSolver:
 
     def __init__(self, comm, X, y, kernel, C, tol, cache_bytes):
         self.comm, self.y, self.C, self.tol = comm, y, C, tol
+        self.xp = xp = array_module(X)
+        self.signs = to_host(y)  # the labels of the working pair, read on the host
         self.start, self.stop = block_range(len(X), comm.size, comm.rank)
         self.y_block = y[self.start:self.stop]
-        self.alpha = np.zeros(self.stop - self.start)
+        self.alpha = xp.zeros(self.stop - self.start)
         self.F = self.y_block.copy()
         self.diag = kernel.diagonal(X[self.start:self.stop])
         self.up, self.low = up_low(self.alpha, self.y_block, C)
@@ -99,8 +111,9 @@ class _BlockSolver:
 
     def select_i(self):
         """Return ``(m, i, alpha_i, K_ii, M)`` over all ranks (one Allreduce)."""
-        f_up = np.where(self.up, self.F, -np.inf)
-        f_low = np.where(self.low, self.F, np.inf)
+        xp = self.xp
+        f_up = xp.where(self.up, self.F, -np.inf)
+        f_low = xp.where(self.low, self.F, np.inf)
         records = np.array([_candidate(f_up, self.start, self.alpha, self.diag),
                             _candidate(-f_low, self.start)])
         (m, i, alpha_i, diag_i, _, _), (minus_M, *_) = self.best(records)
@@ -109,10 +122,11 @@ class _BlockSolver:
     def select_j(self, m, i, diag_i):
         """Return ``(j, F_j, alpha_j, K_jj, K_ij)`` by the second-order rule, and the local row of ``i``."""
         row_i = self.cache.row(i)
-        b = m - np.where(self.low, self.F, np.inf)
+        xp = self.xp
+        b = m - xp.where(self.low, self.F, np.inf)
         a = diag_i + self.diag - 2.0 * row_i
-        np.maximum(a, TAU, out=a)
-        gain = np.where(b > 0, b * b / a, -np.inf)
+        xp.maximum(a, TAU, out=a)
+        gain = xp.where(b > 0, b * b / a, -np.inf)
         record = _candidate(gain, self.start, self.F, self.alpha, self.diag, row_i)
         (_, j, F_j, alpha_j, diag_j, K_ij), = self.best(np.array([record]))
         return (int(j), F_j, alpha_j, diag_j, K_ij), row_i
@@ -120,13 +134,13 @@ class _BlockSolver:
     def update(self, i, F_i, alpha_i, diag_i, j, F_j, alpha_j, diag_j, K_ij, row_i):
         """Apply the clipped Newton step of `svm.solver.smo` to the pair (same arithmetic on every rank)."""
         C = self.C
-        step, new_i, new_j = pair_step(C, self.y[i], self.y[j], alpha_i, alpha_j, F_i, F_j,
+        step, new_i, new_j = pair_step(C, self.signs[i], self.signs[j], alpha_i, alpha_j, F_i, F_j,
                                        diag_i + diag_j - 2.0 * K_ij)
         for index, value in ((i, new_i), (j, new_j)):
             if self.start <= index < self.stop:
                 k = index - self.start
                 self.alpha[k] = value
-                self.up[k], self.low[k] = up_low(value, self.y_block[k], C)
+                self.up[k], self.low[k] = up_low(value, self.signs[index], C)
         change = row_i - self.cache.row(j)
         change *= step
         self.F -= change
@@ -142,13 +156,15 @@ class _BlockSolver:
 
     def result(self, n_iter, m, M):
         """Gather ``alpha`` and reduce the bias and objective sums into an `SMOResult` (same on every rank)."""
+        xp = self.xp
         free = (self.alpha > 0) & (self.alpha < self.C)
-        local = np.array([self.F[free].sum(), free.sum(), self.alpha @ (-self.y_block * self.F - 1.0)])
+        local = np.array(fetch(xp, self.F[free].sum(), xp.count_nonzero(free),
+                               self.alpha @ (-self.y_block * self.F - 1.0)))
         total = np.empty(3)
         self.comm.Allreduce(local, total)
         free_sum, n_free, objective_twice = total
         bias = bias_from_parts([free_sum, n_free, m, M])
-        alpha = np.empty(len(self.y))
+        alpha = xp.empty(len(self.y))
         self.comm.Allgatherv(self.alpha, alpha, block_counts(len(self.y), self.comm.size))
         return SMOResult(alpha, float(bias), n_iter, 0.5 * float(objective_twice), m - M, m - M < self.tol)
 
@@ -182,9 +198,8 @@ def dis_smo_solve(comm, X, y, kernel, C=1.0, tol=1e-3, cache_bytes=DEFAULT_CACHE
         comm = CountingComm(comm)
     X = check_samples(X)
     check_solver_options(C, tol, max_iter)
-    y = np.asarray(y, dtype=np.float64)
-    if y.shape != (len(X),) or not np.isin(y, (-1.0, 1.0)).all():
-        raise InputError(f"y must hold {len(X)} labels in {{-1, +1}}, got shape {y.shape}")
+    xp = array_module(X)
+    y = check_signs(xp.asarray(y, dtype=xp.float64), len(X))
     if max_iter is None:
         max_iter = max(10_000_000, 100 * len(X))
     solver = _BlockSolver(comm, X, y, kernel, float(C), float(tol), cache_bytes)
@@ -226,6 +241,6 @@ class DisSMO(ParallelSVC):
         """Train on the full set ``X``, ``y`` (the same on every rank); return self."""
         comm, X, signs = self._begin_fit(X, y, self.max_iter)
         result = dis_smo_solve(comm, X, signs, self.kernel_, self.C, self.tol, self.cache_bytes, self.max_iter)
-        support = np.flatnonzero(result.alpha)
+        support = array_module(X).flatnonzero(result.alpha)
         return self._end_fit(comm, support, X[support], (result.alpha * signs)[support], result.bias,
                              result.objective, result.n_iter)

@@ -8,11 +8,14 @@
   query point is routed to (CP-SVM, CA-SVM, DC-SVM's early prediction).
 
 Nothing here communicates: every rank holds the same models and routes alike.
+Queries, points and models may be device (CuPy) arrays; routes and decision
+values are then computed on the device.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product
 from svm.distributed.partition import squared_distances
@@ -23,7 +26,7 @@ def nearest_centre(X, centres, usable=None):
     distances = squared_distances(X, centres)
     if usable is not None:
         distances[:, ~usable] = np.inf
-    return np.argmin(distances, axis=1)
+    return distances.argmin(axis=1)
 
 
 def neighbour_vote(X, points, labels, parts, k=5, block_rows=512):
@@ -56,16 +59,20 @@ def neighbour_vote(X, points, labels, parts, k=5, block_rows=512):
     -----
     ``O(q n d)`` flops (one matrix product per block), no communication.
     """
+    xp = array_module(X)
     k = min(k, len(points))
-    routes = np.empty(len(X), dtype=np.int64)
+    weights = (1.0 + 0.5 ** np.arange(1, k + 1)).tolist()
+    routes = xp.empty(len(X), dtype=np.int64)
     for start in range(0, len(X), block_rows):
         distances = squared_distances(X[start:start + block_rows], points)
-        nearest = np.argpartition(distances, k - 1, axis=1)[:, :k]
-        order = np.argsort(np.take_along_axis(distances, nearest, 1), axis=1, kind="stable")
-        nearest = np.take_along_axis(nearest, order, 1)  # the k nearest, nearest first
-        votes = np.zeros((len(nearest), parts))
-        np.add.at(votes, (np.arange(len(nearest))[:, None], labels[nearest]), 1.0 + 0.5 ** np.arange(1, k + 1))
-        routes[start:start + block_rows] = np.argmax(votes, axis=1)
+        nearest = xp.argpartition(distances, k - 1, axis=1)[:, :k]
+        order = xp.argsort(xp.take_along_axis(distances, nearest, 1), axis=1, kind="stable")
+        nearest = xp.take_along_axis(nearest, order, 1)  # the k nearest, nearest first
+        votes = xp.zeros((len(nearest), parts))
+        queries = xp.arange(len(nearest))
+        for rank, weight in enumerate(weights):  # one vote per query and rank: no index repeats in a step
+            votes[queries, labels[nearest[:, rank]]] += weight
+        routes[start:start + block_rows] = votes.argmax(axis=1)
     return routes
 
 
@@ -90,8 +97,9 @@ class LocalModels:
 
     def decision(self, kernel, X, routes):
         """Decision value of each row of ``X`` from the model of partition ``routes[i]``."""
+        xp = array_module(X)
         values = self.bias[routes].astype(np.float64)
-        for part in np.unique(routes):
+        for part in xp.unique(routes).tolist():
             rows, own = routes == part, self.partition == part
             values[rows] += kernel_product(kernel, X[rows], self.support_vectors[own], self.coef[own])
         return values

@@ -12,13 +12,19 @@ Routing of queries to the partitions' models lives in `svm.distributed.local_mod
 
 ``comm`` arguments are `svm.distributed.common.CountingComm` wrappers (they count
 ``bytes_sent`` by that module's convention). Every rank passes the same data.
+Points may be device (CuPy) arrays: distances, labels and centres then stay on
+the device; the random draws (k-means++, FCFS order) come from a host NumPy
+generator, as do the capacitated assignment's sequential choices, and read
+what they need from the device explicitly (`svm.solver.arrays.to_host`).
 """
 from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
+from svm.solver.arrays import to_host
 from svm.solver.gram import squared_norms
 
 
@@ -34,36 +40,42 @@ def squared_distances(X, centres):
     distances *= -2.0
     distances += squared_norms(X)[:, None]
     distances += squared_norms(centres)[None, :]
-    return np.maximum(distances, 0.0, out=distances)
+    return array_module(X).maximum(distances, 0.0, out=distances)
 
 
 def kmeans_plus_plus(X, k, rng):
-    """Return ``k`` rows of ``X`` chosen by k-means++ seeding (D^2 sampling), shape ``(k, d)``."""
+    """Return ``k`` rows of ``X`` chosen by k-means++ seeding (D^2 sampling), shape ``(k, d)``.
+
+    The host generator ``rng`` draws from the ``n`` distances, read from a device once per centre."""
+    xp = array_module(X)
     chosen = [int(rng.integers(len(X)))]
     nearest = squared_distances(X, X[chosen])[:, 0]
     for _ in range(1, k):
-        total = nearest.sum()
-        weights = nearest / total if total > 0 else np.full(len(X), 1.0 / len(X))
+        host = to_host(nearest)
+        total = host.sum()
+        weights = host / total if total > 0 else np.full(len(X), 1.0 / len(X))
         chosen.append(int(rng.choice(len(X), p=weights)))
-        np.minimum(nearest, squared_distances(X, X[chosen[-1:]])[:, 0], out=nearest)
+        xp.minimum(nearest, squared_distances(X, X[chosen[-1:]])[:, 0], out=nearest)
     return X[chosen].copy()
 
 
 def partition_means(X, labels, parts, previous=None):
     """Mean of each partition, shape ``(parts, d)``; an empty one keeps its ``previous`` centre (or zeros)."""
-    onehot = np.zeros((len(X), parts))
-    onehot[np.arange(len(X)), labels] = 1.0
+    xp = array_module(X)
+    onehot = xp.zeros((len(X), parts))
+    onehot[xp.arange(len(X)), labels] = 1.0
     counts = onehot.sum(axis=0)
-    means = np.zeros((parts, X.shape[1])) if previous is None else previous.copy()
+    means = xp.zeros((parts, X.shape[1])) if previous is None else previous.copy()
     filled = counts > 0
     means[filled] = (onehot.T @ X)[filled] / counts[filled, None]
     return means
 
 
 def gather_labels(comm, local, n):
-    """Allgatherv the int64 labels of every rank's block of ``n`` items."""
-    labels = np.empty(n, dtype=np.int64)
-    comm.Allgatherv(np.ascontiguousarray(local, dtype=np.int64), labels, block_counts(n, comm.size))
+    """Allgatherv the int64 labels of every rank's block of ``n`` items (in the array module of ``local``)."""
+    xp = array_module(local)
+    labels = xp.empty(n, dtype=np.int64)
+    comm.Allgatherv(xp.ascontiguousarray(local, dtype=np.int64), labels, block_counts(n, comm.size))
     return labels
 
 
@@ -110,23 +122,25 @@ def distributed_kmeans(comm, X, k, seed=0, max_iter=100, init=None):
     n, d = X.shape
     if not 1 <= k <= n:
         raise InputError(f"k-means needs 1 <= k <= n samples, got k={k}, n={n}")
-    centres = kmeans_plus_plus(X, k, np.random.default_rng(seed)) if init is None else np.array(init, dtype=float)
+    xp = array_module(X)
+    centres = kmeans_plus_plus(X, k, np.random.default_rng(seed)) if init is None else xp.asarray(init, dtype=float).copy()
     if centres.shape != (k, d):
         raise InputError(f"init must have shape {(k, d)}, got {centres.shape}")
     start, stop = block_range(n, comm.size, comm.rank)
     block = X[start:stop]
-    local = np.full(stop - start, -1)
-    totals = np.empty(k * (d + 1) + 2)
+    local = xp.full(stop - start, -1)
+    totals = xp.empty(k * (d + 1) + 2)
+    rows = xp.arange(len(block))
     for n_iter in range(max_iter + 1):
         distances = squared_distances(block, centres)
-        labels = np.argmin(distances, axis=1)
-        onehot = np.zeros((len(block), k))
-        onehot[np.arange(len(block)), labels] = 1.0
-        partial = np.concatenate([(onehot.T @ block).ravel(), onehot.sum(axis=0),
-                                  [distances[np.arange(len(block)), labels].sum(), np.count_nonzero(labels != local)]])
+        labels = distances.argmin(axis=1)
+        onehot = xp.zeros((len(block), k))
+        onehot[rows, labels] = 1.0
+        tail = xp.stack([distances[rows, labels].sum(), xp.count_nonzero(labels != local) * 1.0])
+        partial = xp.concatenate([(onehot.T @ block).ravel(), onehot.sum(axis=0), tail])
         comm.Allreduce(partial, totals)
         local = labels
-        converged = totals[-1] == 0
+        converged = bool(totals[-1] == 0)
         if converged or n_iter == max_iter:
             break
         counts = totals[k * d:k * (d + 1)]
@@ -164,10 +178,10 @@ def capacitated_assign(distances, order, codes, capacity):
     Returns
     -------
     ndarray of shape (n,)
-        Partition of each point.
+        Partition of each point (host: the loop over the points is sequential).
     """
     room = capacity.tolist()
-    ranking = np.argsort(distances, axis=1, kind="stable").tolist()
+    ranking = array_module(distances).argsort(distances, axis=1, kind="stable").tolist()
     labels = np.empty(len(distances), dtype=np.int64)
     for point in order.tolist():
         class_room = room[codes[point]]
@@ -204,6 +218,7 @@ def balanced_partition(X, parts, method="fcfs", codes=None, seed=0, max_iter=100
     Returns
     -------
     labels : ndarray of shape (n,)
+        In the array module of ``X``.
     centres : ndarray of shape (parts, d)
         Mean of each partition (for routing queries to the nearest one).
     n_iter : int
@@ -219,7 +234,8 @@ def balanced_partition(X, parts, method="fcfs", codes=None, seed=0, max_iter=100
         raise InputError(f"unknown partition method {method!r}; choose one of {', '.join(BALANCED_METHODS)}")
     if not 1 <= parts <= n:
         raise InputError(f"need 1 <= parts <= n samples, got parts={parts}, n={n}")
-    codes = np.zeros(n, dtype=np.int64) if codes is None else np.unique(codes, return_inverse=True)[1].ravel()
+    xp = array_module(X)
+    codes = np.zeros(n, dtype=np.int64) if codes is None else np.unique(to_host(codes), return_inverse=True)[1].ravel()
     capacity = class_capacities(codes, parts)
     rng = np.random.default_rng(seed)
     centres = kmeans_plus_plus(X, parts, rng)
@@ -229,10 +245,10 @@ def balanced_partition(X, parts, method="fcfs", codes=None, seed=0, max_iter=100
         if method == "fcfs":
             order = rng.permutation(n)
         else:
-            nearest_two = np.sort(distances, axis=1)[:, :2]
-            order = np.argsort(nearest_two[:, 0] - nearest_two[:, -1], kind="stable")
-        previous, labels = labels, capacitated_assign(distances, order, codes, capacity)
+            nearest_two = xp.sort(distances, axis=1)[:, :2]
+            order = xp.argsort(nearest_two[:, 0] - nearest_two[:, -1], kind="stable")
+        previous, labels = labels, xp.asarray(capacitated_assign(distances, order, codes, capacity))
         centres = partition_means(X, labels, parts, centres)
-        if previous is not None and np.array_equal(previous, labels):
+        if previous is not None and bool(xp.array_equal(previous, labels)):
             break
     return labels, centres, n_iter

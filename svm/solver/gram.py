@@ -1,7 +1,9 @@
 """Kernel functions, blocked kernel products and an LRU cache of kernel rows.
 
 Every kernel value is computed in blocks from one matrix product ``A @ B.T``
-(plus squared row norms for RBF), never one element at a time.
+(plus squared row norms for RBF), never one element at a time. Everything runs
+on the array module of its inputs (`kernels.backend.array_module`): NumPy, or
+CuPy with the samples, kernel rows and cache in device memory.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -9,7 +11,9 @@ from numbers import Real
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
+from svm.solver.arrays import to_host
 
 KERNEL_NAMES = ("linear", "poly", "rbf", "sigmoid")
 
@@ -25,7 +29,7 @@ BATCH_BYTES = 4 * 2**20
 
 def squared_norms(A):
     """Squared Euclidean norm of each row of ``A`` (shape ``(n,)``)."""
-    return np.einsum("ij,ij->i", A, A)
+    return array_module(A).einsum("ij,ij->i", A, A)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Kernel:
         B_sqnorms : ndarray of shape (n,), optional
             ``squared_norms(B)``, to save recomputing it (used by RBF only).
         """
+        xp = array_module(A)
         K = A @ B.T
         if self.name == "linear":
             return K
@@ -61,24 +66,25 @@ class Kernel:
             K *= -2.0
             K += squared_norms(A)[:, None]
             K += B_sqnorms[None, :]
-            np.maximum(K, 0.0, out=K)
+            xp.maximum(K, 0.0, out=K)
             K *= -self.gamma
-            return np.exp(K, out=K)
+            return xp.exp(K, out=K)
         K *= self.gamma
         K += self.coef0
         if self.name == "poly":
-            return np.power(K, self.degree, out=K)
-        return np.tanh(K, out=K)
+            return xp.power(K, self.degree, out=K)
+        return xp.tanh(K, out=K)
 
     def diagonal(self, A):
         """Return ``K(a, a)`` for each row ``a`` of ``A`` (shape ``(len(A),)``)."""
+        xp = array_module(A)
         if self.name == "rbf":
-            return np.ones(len(A))
+            return xp.ones(len(A))
         norms = squared_norms(A)
         if self.name == "linear":
             return norms
         inner = self.gamma * norms + self.coef0
-        return inner**self.degree if self.name == "poly" else np.tanh(inner)
+        return inner**self.degree if self.name == "poly" else xp.tanh(inner)
 
 
 def resolve_gamma(gamma, X):
@@ -89,7 +95,7 @@ def resolve_gamma(gamma, X):
     """
     if isinstance(gamma, str):
         if gamma == "scale":
-            variance = float(np.var(X))
+            variance = float(X.var())
             return 1.0 / (X.shape[1] * variance) if variance > 0 else 1.0
         if gamma == "auto":
             return 1.0 / X.shape[1]
@@ -134,7 +140,7 @@ def kernel_product(kernel, A, B, coef, block_bytes=BLOCK_BYTES):
     -------
     ndarray of shape (m,) or (m, k)
     """
-    out = np.zeros((len(A),) + coef.shape[1:])
+    out = array_module(A).zeros((len(A),) + coef.shape[1:])
     if len(B) == 0:
         return out
     B_sqnorms = squared_norms(B)
@@ -159,7 +165,7 @@ class KernelRowCache:
     ----------
     kernel : Kernel
     X : ndarray of shape (n, d)
-        The training samples (C-contiguous float64).
+        The training samples (C-contiguous float64; rows are kept in its array module).
     max_bytes : int
         Bound on the bytes held by cached rows; with less than one row's worth
         nothing is kept and every row is recomputed.
@@ -180,7 +186,7 @@ class KernelRowCache:
     def set_columns(self, columns, keep=None):
         """Make rows span ``X[columns]`` (all samples when ``columns`` is None).
 
-        ``keep`` is a boolean mask over the current columns that yields
+        ``columns`` is a host index array. ``keep`` is a boolean mask over the current columns that yields
         ``columns``: cached rows are sliced with it, and rows of samples no
         longer among the columns are dropped. Without ``keep`` the cache is emptied.
         """
@@ -242,25 +248,25 @@ class KernelRowCache:
         Parameters
         ----------
         rows : ndarray of shape (k,)
-            Sample indices whose kernel columns ``coef`` weighs.
+            Sample indices whose kernel columns ``coef`` weighs (host or device).
         coef : ndarray of shape (k,)
 
         Returns
         -------
         ndarray of shape (n_new,)
         """
-        n = len(self.X)
+        xp, n = array_module(self.X), len(self.X)
         if self.columns is None:
-            return np.zeros(0)
+            return xp.zeros(0)
         new = np.ones(n, dtype=bool)
         new[self.columns] = False
         new = np.flatnonzero(new)
-        weight = np.zeros(n)
+        weight = xp.zeros(n)
         weight[rows] = coef
         for _ in range(max(0, len(self._rows) - self._room(8 * n))):
             self.nbytes -= self._rows.popitem(last=False)[1].nbytes
-        needed = np.union1d(np.fromiter(self._rows, dtype=np.int64, count=len(self._rows)), rows)
-        product = np.zeros(len(new))
+        needed = np.union1d(np.fromiter(self._rows, dtype=np.int64, count=len(self._rows)), to_host(rows))
+        product = xp.zeros(len(new))
         X_new = self.X[new]
         new_sqnorms = squared_norms(X_new)
         step = max(1, block_bytes // (8 * max(1, len(new))))
@@ -271,7 +277,7 @@ class KernelRowCache:
             for i, part in zip(chunk.tolist(), block):
                 cached = self._rows.get(i)
                 if cached is not None:
-                    full = np.empty(n)
+                    full = xp.empty(n)
                     full[new] = part
                     full[self.columns] = cached
                     self._rows[i] = full

@@ -4,30 +4,38 @@ With ``F = -y * grad`` (``F_i = y_i - sum_j a_j y_j K_ij``), the KKT gap is ``m 
 with ``m = max F over I_up`` and ``M = min F over I_low``; a pair (i in I_up,
 j in I_low) moves by a clipped Newton step (`pair_step`), alphas that round next
 to a bound are put on it (`snap`), and the bias is LIBSVM's ``-rho`` (`bias_parts`
-per block of samples, combined by `bias_from_parts`).
+per block of samples, combined by `bias_from_parts`). Arrays may be NumPy or
+device (CuPy) arrays; scalars and the bias parts are host values.
 """
 import numpy as np
+
+from kernels.backend import array_module
+from svm.solver.arrays import fetch
 
 TAU = 1e-12  # stands in for a non-positive a_ij = K_ii + K_jj - 2 K_ij
 SNAP = 1e-12  # an alpha within SNAP * C of a bound is put on it (rounding must not make it free)
 
 
 def up_low(alpha, y, C):
-    """Masks of I_up (alpha_i may move along y_i) and I_low (along -y_i)."""
-    positive = y > 0
-    return positive & (alpha < C) | ~positive & (alpha > 0), positive & (alpha > 0) | ~positive & (alpha < C)
+    """Masks of I_up (alpha_i may move along y_i) and I_low (along -y_i); Python bools for scalars."""
+    positive, negative = y > 0, y < 0  # y in {-1, +1}; no ``~``, which is -2 on a Python bool
+    return positive & (alpha < C) | negative & (alpha > 0), positive & (alpha > 0) | negative & (alpha < C)
 
 
 def extremes(F, up, low):
-    """``m = max F over I_up`` (-inf if empty) and ``M = min F over I_low`` (inf if empty)."""
-    m = np.max(F, where=up, initial=-np.inf)
-    return float(m), float(np.min(F, where=low, initial=np.inf))
+    """``m = max F over I_up`` (-inf if empty) and ``M = min F over I_low`` (inf if empty), as floats."""
+    if len(F) == 0:
+        return -np.inf, np.inf
+    xp = array_module(F)
+    m, M = fetch(xp, xp.where(up, F, -np.inf).max(), xp.where(low, F, np.inf).min())
+    return m, M
 
 
 def snap(alpha, C):
     """``alpha`` (array or scalar) with values within ``SNAP * C`` of 0 or ``C`` put on that bound."""
     tolerance = SNAP * C
-    return np.where(alpha < tolerance, 0.0, np.where(alpha > C - tolerance, C, alpha))
+    xp = array_module(alpha)
+    return xp.where(alpha < tolerance, 0.0, xp.where(alpha > C - tolerance, C, alpha))
 
 
 def pair_step(C, y_i, y_j, alpha_i, alpha_j, F_i, F_j, curvature):
@@ -51,11 +59,12 @@ def bias_parts(F, alpha, y, C):
 
     Blocks that together hold every sample each give their parts; `bias_from_parts`
     combines them (sums add, ``m`` takes the max, ``M`` the min). Empty blocks give
-    ``[0, 0, -inf, inf]``.
+    ``[0, 0, -inf, inf]``. Returns a host array of 4 floats.
     """
     m, M = extremes(F, *up_low(alpha, y, C))
     free = (alpha > 0) & (alpha < C)
-    return np.array([F[free].sum(), np.count_nonzero(free), m, M])
+    xp = array_module(F)
+    return np.array(fetch(xp, F[free].sum(), xp.count_nonzero(free)) + [m, M])
 
 
 def bias_from_parts(parts):

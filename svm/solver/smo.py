@@ -5,6 +5,12 @@ The dual solved is ``min_a 1/2 a^T Q a - e^T a`` subject to ``y^T a = 0`` and
 ``F = -y * grad`` (``F_i = y_i - sum_j a_j y_j K_ij``): the KKT gap is
 ``m - M`` with ``m = max F over I_up`` and ``M = min F over I_low``
 (Fan, Chen & Lin, JMLR 2005), and each step updates ``F`` with two kernel rows.
+
+The solver runs on the array module of ``X`` (`kernels.backend.array_module`):
+with CuPy arrays the samples, ``alpha``, ``F``, the masks and the kernel-row
+cache stay in device memory, the working pair is chosen by ``argmax`` on the
+device, and each iteration reads back two small groups of scalars (`svm.solver.arrays.fetch`):
+the pair's indices and values the clipped step and the kernel cache need.
 """
 import warnings
 from dataclasses import dataclass
@@ -12,7 +18,9 @@ from numbers import Real
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
+from svm.solver.arrays import fetch, to_host
 from svm.solver.gram import KernelRowCache, kernel_product
 from svm.solver.kkt import TAU, bias_from_parts, bias_parts, extremes, pair_step, snap, up_low  # noqa: F401 (re-exported for Dis-SMO and Cascade)
 
@@ -52,13 +60,21 @@ class SMOResult:
 
 
 def check_samples(X, name="X"):
-    """Return ``X`` as a C-contiguous float64 matrix; InputError if not 2D, empty or not finite."""
-    X = np.ascontiguousarray(X, dtype=np.float64)
+    """Return ``X`` as a C-contiguous float64 matrix (in its array module); InputError if not 2D, empty or not finite."""
+    xp = array_module(X)
+    X = xp.ascontiguousarray(X, dtype=xp.float64)
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise InputError(f"{name} must be a non-empty 2D array (samples x features), got shape {X.shape}")
-    if not np.isfinite(X).all():
+    if not bool(xp.isfinite(X).all()):
         raise InputError(f"{name} contains NaN or infinite values")
     return X
+
+
+def check_signs(y, n):
+    """Return ``y`` (float64, any array module) if it holds ``n`` labels in {-1, +1}; else InputError."""
+    if y.shape != (n,) or not bool(((y == 1.0) | (y == -1.0)).all()):
+        raise InputError(f"y must hold {n} labels in {{-1, +1}}, got shape {y.shape}")
+    return y
 
 
 def check_solver_options(C, tol, max_iter):
@@ -72,13 +88,14 @@ def check_solver_options(C, tol, max_iter):
 
 
 class _Solver:
-    """State of one SMO run; the active set shrinks as in LIBSVM (``active is None``: all)."""
+    """State of one SMO run; the active set shrinks as in LIBSVM (``active is None``: all; else host indices)."""
 
     def __init__(self, X, y, kernel, C, tol, alpha, cache_bytes, shrinking):
         self.X, self.y, self.kernel, self.C, self.tol = X, y, kernel, C, tol
         self.shrinking = shrinking
+        self.xp = xp = array_module(X)
         self.alpha = alpha
-        support = np.flatnonzero(alpha)
+        support = xp.flatnonzero(alpha)
         self.F = y - kernel_product(kernel, X, X[support], (alpha * y)[support])
         self.diag = kernel.diagonal(X)
         self.cache = KernelRowCache(kernel, X, cache_bytes)
@@ -91,7 +108,7 @@ class _Solver:
         self.a, self.f = self.alpha[where], self.F[where]
         self.ya, self.qd = self.y[where], self.diag[where]
         self.up, self.low = up_low(self.a, self.ya, self.C)
-        self.work = np.empty(len(self.a))
+        self.work = self.xp.empty(len(self.a))
 
     def _store(self):
         if self.active is not None:
@@ -107,44 +124,55 @@ class _Solver:
         product. A sample's distance is ``m - F`` in I_up and ``F - M`` in I_low
         (the smaller when in both); the 2 ``block_rows`` nearest are returned.
         """
-        up = np.where(self.up, self.f, -np.inf)
-        low = np.where(self.low, self.f, np.inf)
-        distance = np.minimum(up.max() - up, low - low.min())
+        xp = self.xp
+        up = xp.where(self.up, self.f, -np.inf)
+        low = xp.where(self.low, self.f, np.inf)
+        distance = xp.minimum(up.max() - up, low - low.min())
         count = min(len(distance), 2 * self.cache.block_rows)
-        nearest = np.argpartition(distance, count - 1)[:count]
-        nearest = nearest[np.argsort(distance[nearest], kind="stable")]
+        nearest = xp.argpartition(distance, count - 1)[:count]
+        nearest = to_host(nearest[xp.argsort(distance[nearest], kind="stable")])
         return (nearest if self.active is None else self.active[nearest]).tolist()
 
     def select(self):
-        """Return ``(i, j, K row of i)`` by the second-order rule, or None when ``m - M < tol``.
+        """Return the pair ``(i, j)``, their values and the K row of i by the second-order rule, or None when ``m - M < tol``.
 
         ``i`` maximises F over I_up; ``j`` maximises ``b^2 / a`` over ``j`` in I_low
         with ``b = m - F_j > 0`` and ``a = K_ii + K_jj - 2 K_ij`` (at least TAU).
+        Two host reads (`fetch`): ``i`` with ``m``, ``M`` and the values of ``i``;
+        ``j`` with its values and ``K_ij``.
         """
-        f = self.f
-        i = int(np.argmax(np.where(self.up, f, -np.inf)))
-        f_low = np.where(self.low, f, np.inf)
-        m = f[i] if self.up[i] else -np.inf
-        if m - f_low.min() < self.tol:
+        xp, f = self.xp, self.f
+        f_up = xp.where(self.up, f, -np.inf)
+        i = xp.argmax(f_up)
+        f_low = xp.where(self.low, f, np.inf)
+        i, m, M, y_i, a_i, qd_i = fetch(xp, i, f_up[i], f_low.min(), self.ya[i], self.a[i], self.qd[i])
+        if m - M < self.tol:  # m = F_i, or -inf when I_up is empty
             return None
+        i = int(i)
         row_i = self.cache.row(self._global(i), self._candidates)
         b = m - f_low
-        a = self.qd[i] + self.qd - 2.0 * row_i
-        np.maximum(a, TAU, out=a)
-        gain = np.where(b > 0, b * b / a, -np.inf)
-        return i, int(np.argmax(gain)), row_i
+        a = qd_i + self.qd - 2.0 * row_i
+        xp.maximum(a, TAU, out=a)
+        gain = xp.where(b > 0, b * b / a, -np.inf)
+        j = xp.argmax(gain)
+        j, y_j, a_j, f_j, qd_j, k_ij = fetch(xp, j, self.ya[j], self.a[j], f[j], self.qd[j], row_i[j])
+        return (i, y_i, a_i, m, qd_i), (int(j), y_j, a_j, f_j, qd_j), k_ij, row_i
 
-    def update(self, i, j, row_i):
-        """Move ``alpha_i`` by ``y_i t`` and ``alpha_j`` by ``-y_j t`` with the clipped Newton step t."""
+    def update(self, pair_i, pair_j, k_ij, row_i):
+        """Move ``alpha_i`` by ``y_i t`` and ``alpha_j`` by ``-y_j t`` with the clipped Newton step t.
+
+        ``pair_i``, ``pair_j``: ``(index, y, alpha, F, K_kk)`` of each (host values, from `select`).
+        """
+        (i, y_i, a_i, f_i, qd_i), (j, y_j, a_j, f_j, qd_j) = pair_i, pair_j
         row_j = self.cache.row(self._global(j), self._candidates)
         a, C = self.a, self.C
-        curvature = self.qd[i] + self.qd[j] - 2.0 * row_i[j]
-        step, a[i], a[j] = pair_step(C, self.ya[i], self.ya[j], a[i], a[j], self.f[i], self.f[j], curvature)
-        change = np.subtract(row_i, row_j, out=self.work)
+        step, new_i, new_j = pair_step(C, y_i, y_j, a_i, a_j, f_i, f_j, qd_i + qd_j - 2.0 * k_ij)
+        a[i], a[j] = new_i, new_j
+        change = self.xp.subtract(row_i, row_j, out=self.work)
         change *= step
         self.f -= change
-        for k in (i, j):
-            self.up[k], self.low[k] = up_low(a[k], self.ya[k], C)
+        for k, y_k, a_k in ((i, y_i, new_i), (j, y_j, new_j)):
+            self.up[k], self.low[k] = up_low(a_k, y_k, C)
 
     def shrink(self, unshrunk):
         """Drop samples that cannot join a violating pair; unshrink once near the end.
@@ -156,10 +184,11 @@ class _Solver:
             unshrunk = True
             self.unshrink()
         drop = ~self.low & (self.f < M) | ~self.up & (self.f > m)
-        if drop.any() and not drop.all():  # all droppable: already optimal
+        if bool(drop.any()) and not bool(drop.all()):  # all droppable: already optimal
             self._store()
             keep = ~drop
-            self.active = np.flatnonzero(keep) if self.active is None else self.active[keep]
+            kept = to_host(keep)
+            self.active = np.flatnonzero(kept) if self.active is None else self.active[kept]
             self.cache.set_columns(self.active, keep)
             self._load()
         return unshrunk
@@ -176,7 +205,7 @@ class _Solver:
         self._store()
         inactive = np.ones(len(self.y), dtype=bool)
         inactive[self.active] = False
-        support = np.flatnonzero(self.alpha)
+        support = self.xp.flatnonzero(self.alpha)
         self.F[inactive] = self.y[inactive] - self.cache.widen(support, (self.alpha * self.y)[support])
         self.active = None
         self._load()
@@ -220,6 +249,7 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
     Parameters
     ----------
     X : ndarray of shape (n, d)
+        NumPy or device (CuPy) array: the solve runs in its array module.
     y : ndarray of shape (n,)
         Labels in {-1, +1} (one class alone gives ``alpha = 0`` and ``bias = +-1``).
     kernel : svm.solver.gram.Kernel
@@ -243,6 +273,7 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
     Returns
     -------
     SMOResult
+        ``alpha`` in the array module of ``X``.
 
     Raises
     ------
@@ -252,20 +283,20 @@ def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CA
     """
     X = check_samples(X)
     check_solver_options(C, tol, max_iter)
-    y = np.asarray(y, dtype=np.float64)
+    xp = array_module(X)
+    y = check_signs(xp.asarray(y, dtype=xp.float64), len(X))
     n = len(X)
-    if y.shape != (n,) or not np.isin(y, (-1.0, 1.0)).all():
-        raise InputError(f"y must hold {n} labels in {{-1, +1}}, got shape {y.shape}")
     if alpha0 is None:
-        alpha = np.zeros(n)
+        alpha = xp.zeros(n)
     else:
-        alpha = np.array(alpha0, dtype=np.float64)
+        alpha = xp.asarray(alpha0, dtype=xp.float64)
         slack = 1e-8 * C * n
-        if alpha.shape != (n,) or not np.isfinite(alpha).all():
+        if alpha.shape != (n,) or not bool(xp.isfinite(alpha).all()):
             raise InputError(f"alpha0 must be {n} finite numbers, got shape {alpha.shape}")
-        if alpha.min() < -slack or alpha.max() > C + slack or abs(y @ alpha) > slack:
+        low, high, balance = fetch(xp, alpha.min(), alpha.max(), y @ alpha)
+        if low < -slack or high > C + slack or abs(balance) > slack:
             raise InputError("alpha0 is infeasible: need 0 <= alpha0 <= C and y @ alpha0 = 0")
-        alpha = snap(np.clip(alpha, 0.0, C), C)
+        alpha = snap(xp.clip(alpha, 0.0, C), C)
     if max_iter is None:
         max_iter = max(10_000_000, 100 * n)
     solver = _Solver(X, y, kernel, float(C), float(tol), alpha, cache_bytes, shrinking)

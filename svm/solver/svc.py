@@ -1,6 +1,12 @@
-"""`SVC`: a scikit-learn-style C-SVC estimator on the SMO solver, binary and one-vs-one multiclass."""
+"""`SVC`: a scikit-learn-style C-SVC estimator on the SMO solver, binary and one-vs-one multiclass.
+
+It runs in the array module of the training samples (`kernels.backend.array_module`):
+given CuPy arrays, the model (support vectors, coefficients, classes) and the
+predictions stay in device memory.
+"""
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product, make_kernel
 from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, check_solver_options, smo_solve
@@ -50,10 +56,12 @@ class SVC:
     def fit(self, X, y):
         """Train one binary SVM per pair of classes; return self."""
         X = check_samples(X)
-        y = np.asarray(y)
+        xp = array_module(X)
+        y = xp.asarray(y)
         if y.shape != (len(X),):
             raise InputError(f"y must hold one label per sample ({len(X)}), got shape {y.shape}")
-        self.classes_, codes = np.unique(y, return_inverse=True)
+        self.classes_, codes = xp.unique(y, return_inverse=True)
+        codes = codes.reshape(-1)
         if len(self.classes_) < 2:
             raise InputError(f"need samples of at least 2 classes, got {len(self.classes_)}")
         check_solver_options(self.C, self.tol, self.max_iter)
@@ -61,8 +69,8 @@ class SVC:
         self._pairs = [(a, b) for a in range(len(self.classes_)) for b in range(a + 1, len(self.classes_))]
         solved = []
         for a, b in self._pairs:
-            members = np.flatnonzero((codes == a) | (codes == b))
-            labels = np.where(codes[members] == a, 1.0, -1.0)
+            members = xp.flatnonzero((codes == a) | (codes == b))
+            labels = xp.where(codes[members] == a, 1.0, -1.0)
             result = smo_solve(X[members], labels, self.kernel_, self.C, self.tol,
                                cache_bytes=self.cache_bytes, shrinking=self.shrinking, max_iter=self.max_iter)
             solved.append((members, labels, result))
@@ -70,26 +78,27 @@ class SVC:
         return self
 
     def _collect(self, X, codes, solved):
-        """Set the learned attributes from the per-pair solutions."""
-        is_support = np.zeros(len(X), dtype=bool)
+        """Set the learned attributes from the per-pair solutions (in the array module of ``X``)."""
+        xp = array_module(X)
+        is_support = xp.zeros(len(X), dtype=bool)
         for members, _, result in solved:
             is_support[members[result.alpha > 0]] = True
-        support = np.flatnonzero(is_support)
-        self.support_ = support[np.argsort(codes[support], kind="stable")]
+        support = xp.flatnonzero(is_support)
+        self.support_ = support[xp.argsort(codes[support], kind="stable")]
         self.support_vectors_ = X[self.support_]
         support_codes = codes[self.support_]
-        self.n_support_ = np.bincount(support_codes, minlength=len(self.classes_))
-        position = np.full(len(X), -1)
-        position[self.support_] = np.arange(len(self.support_))
-        self._pair_coef = np.zeros((len(self.support_), len(solved)))
-        self.dual_coef_ = np.zeros((len(self.classes_) - 1, len(self.support_)))
+        self.n_support_ = xp.bincount(support_codes, minlength=len(self.classes_))
+        position = xp.full(len(X), -1)
+        position[self.support_] = xp.arange(len(self.support_))
+        self._pair_coef = xp.zeros((len(self.support_), len(solved)))
+        self.dual_coef_ = xp.zeros((len(self.classes_) - 1, len(self.support_)))
         for p, ((a, b), (members, labels, result)) in enumerate(zip(self._pairs, solved)):
             nonzero = result.alpha > 0
             self._pair_coef[position[members[nonzero]], p] = (result.alpha * labels)[nonzero]
             for code, row in ((a, b - 1), (b, a)):
                 in_class = support_codes == code
                 self.dual_coef_[row, in_class] = self._pair_coef[in_class, p]
-        self._pair_bias = np.array([result.bias for _, _, result in solved])
+        self._pair_bias = xp.asarray(np.array([result.bias for _, _, result in solved]))
         self.n_iter_ = np.array([result.n_iter for _, _, result in solved])
         self.dual_objective_ = np.array([result.objective for _, _, result in solved])
         sign = -1.0 if len(self.classes_) == 2 else 1.0
@@ -113,13 +122,14 @@ class SVC:
     def predict(self, X):
         """Class of each sample by one-vs-one voting (ties go to the lower class, as LIBSVM)."""
         values = self._pair_decisions(X)
-        votes = np.zeros((len(values), len(self.classes_)), dtype=np.int64)
+        votes = array_module(values).zeros((len(values), len(self.classes_)), dtype=np.int64)
         for p, (a, b) in enumerate(self._pairs):
             wins = values[:, p] > 0
             votes[:, a] += wins
             votes[:, b] += ~wins
-        return self.classes_[np.argmax(votes, axis=1)]
+        return self.classes_[votes.argmax(axis=1)]
 
     def score(self, X, y):
         """Mean accuracy of `predict` on ``X`` against ``y``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+        predictions = self.predict(X)
+        return float((predictions == array_module(predictions).asarray(y)).mean())

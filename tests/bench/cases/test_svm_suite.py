@@ -84,3 +84,35 @@ def test_missing_estimator_is_an_input_error(monkeypatch):
     monkeypatch.setitem(suite.ESTIMATORS, "casvm", "svm.no_such_module:CASVM")
     with pytest.raises(InputError, match="variant casvm needs svm.no_such_module:CASVM"):
         suite.make_estimator("casvm", MPI.COMM_SELF)
+
+
+DEVICE_VARIANTS = [variant for variant in suite.ESTIMATORS if variant not in suite.SVMSuite.host_only_variants]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("variant", DEVICE_VARIANTS)
+def test_every_device_variant_trains_and_passes_its_check_on_the_device(comm, device_backend, variant):
+    case = suite.SVMSuite({suite.DATA.name: "breast_cancer"})
+    host_case = suite.SVMSuite({suite.DATA.name: "breast_cancer"})
+    state = case.setup(comm, 201, variant, device_backend, "float64")
+    case.run(state)
+    wrong = case.check(state)
+    params = case.params(state)
+    host_state = host_case.setup(comm, 201, variant, suite.get_backend("numpy"), "float64")
+    host_case.run(host_state)
+    host_params = host_case.params(host_state)
+    trained = comm.rank == 0 or variant not in suite.SERIAL
+    on_device = not trained or all(device_backend.is_device_array(array) for array in (
+        state.X_train, state.model.support_vectors_, state.model.dual_coef_, state.model.predict(state.X_test)))
+    same = all(params[key] == host_params[key] for key in ("accuracy", "n_sv", "n_iter", "mismatches")
+               if key in params) and params.keys() == host_params.keys()
+    verdicts = comm.allgather((wrong, on_device, same))
+    assert verdicts == [(0, True, True)] * comm.size
+
+
+def test_sklearn_is_host_only_and_refused_on_a_device(device_backend):
+    case = suite.SVMSuite({suite.DATA.name: "breast_cancer"})
+    assert case.unavailable(MPI.COMM_SELF, "sklearn", device_backend) == "scikit-learn's SVC runs on the host only"
+    assert case.unavailable(MPI.COMM_SELF, "smo", device_backend) is None
+    with pytest.raises(InputError, match="variant sklearn cannot run on backend cupy"):
+        case.setup(MPI.COMM_SELF, 100, "sklearn", device_backend, "float64")
