@@ -237,7 +237,7 @@ def require_same_layout(first, second, what):
 
 
 def require_vector(vector, length, dtype, what):
-    """Return ``vector`` as an array (of its own module) after checking it is 1D, of ``length`` entries and ``dtype``."""
+    """``vector`` as an array of its own module, checked to be 1D, of ``length`` entries and ``dtype``."""
     vector = as_block(vector)
     if vector.shape != (length,):
         raise InputError(f"{what}: expected a local vector block of length {length}, got shape {vector.shape}")
