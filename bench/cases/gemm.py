@@ -17,6 +17,7 @@ Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
 entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
 against those rows of A times B regenerated ``CHUNK_ROWS`` rows at a time (each
 rank regenerates all of B: n^2 draws, no n x n temporary). 25d checks C on every layer.
+float32 products in TF32 (param ``tf32``) are checked with TF32's looser eps.
 
 Metrics: gflops (2 n^3 flops), algbw = bytes sent per rank (cost model) / time,
 comm_share (exposed communication / busy time; params ``exposed_comm_s`` beside

@@ -9,7 +9,8 @@ memory-bound, and the ranks of a node share its memory bandwidth. See
 host-only; on ``cupy`` the kernels run on device blocks).
 
 Check: every entry of each rank's block of y, against rows of A regenerated
-``CHUNK_ROWS`` at a time times the whole x.
+``CHUNK_ROWS`` at a time times the whole x (float32 in TF32, param ``tf32``: with
+TF32's looser eps).
 
 Metrics: gflops (2 n^2 flops), algbw = bytes sent per rank (cost model) / time,
 comm_share.
