@@ -9,23 +9,35 @@ on every rank); others raise TypeError. Local work is done in
 `kernels.dtypes.accumulator` (float16 in float32), partial scalars are reduced
 in `kernels.dtypes.reduction` (float64, complex128, or int64 so that integer
 dot products are exact, wrapping as NumPy's do).
+
+Device blocks (CuPy) are computed on the device with the blocks' array module;
+``comm`` is then the backend's wrapper (`kernels.backend.Backend.comm`), which
+stages the few reduced words through the host. On a device, ``dot`` and
+``nrm2`` return 0-d device arrays, as ``cupy.dot`` and ``cupy.linalg.norm`` do.
 """
 import numbers
 
 import numpy as np
 from mpi4py import MPI
 
-from kernels.distmatrix import timed
+from kernels.backend import array_module
+from kernels.distmatrix import as_block, timed
 from kernels.dtypes import accumulator, check_dtype, norm_dtype, reduction
 from kernels.errors import InputError
 
 
 def _local_vector(x, what):
-    x = np.asarray(x)
+    x = as_block(x)
     if x.ndim != 1:
         raise InputError(f"{what}: expected a 1D local vector block, got shape {x.shape}")
     check_dtype(x.dtype, what)
     return x
+
+
+def _scalar_result(values, dtype, xp):
+    """``values[0]`` as ``dtype``: a NumPy scalar on the host, a 0-d array on a device."""
+    value = values[:1].astype(dtype).reshape(())
+    return value[()] if xp is np else value
 
 
 def dot(comm, x, y, timings=None):
@@ -52,18 +64,19 @@ def dot(comm, x, y, timings=None):
     rank): ``log2(p) alpha + 2 log2(p) beta`` per rank; ``2 n / p`` flops.
     """
     x, y = _local_vector(x, "dot"), _local_vector(y, "dot")
+    xp = array_module(x)
     mismatch = x.shape != y.shape or x.dtype != y.dtype
     wide = accumulator(x.dtype)
-    with timed(timings, "compute"):
-        partial = np.zeros(2, dtype=reduction(x.dtype))
+    with timed(timings, "compute", xp):
+        partial = xp.zeros(2, dtype=reduction(x.dtype))
         if not mismatch:
-            partial[0] = np.dot(x.astype(wide, copy=False), y.astype(wide, copy=False))
+            partial[0] = xp.dot(x.astype(wide, copy=False), y.astype(wide, copy=False))
         partial[1] = mismatch
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
     if partial[1]:
         raise InputError("dot: x and y blocks differ in length or dtype on some rank")
-    return partial[:1].astype(x.dtype)[0]
+    return _scalar_result(partial, x.dtype, xp)
 
 
 def nrm2(comm, x, timings=None):
@@ -97,24 +110,27 @@ def nrm2(comm, x, timings=None):
     flops. NaN anywhere gives NaN on every rank, an infinite entry gives inf.
     """
     x = _local_vector(x, "nrm2")
-    result = norm_dtype(x.dtype).type
-    with timed(timings, "compute"):
+    xp, result = array_module(x), norm_dtype(x.dtype)
+    with timed(timings, "compute", xp):
         work = x.astype(np.float64 if x.dtype.kind == "i" else accumulator(x.dtype), copy=False)
-        largest = np.max(np.abs(work), initial=0.0)
-        scale = np.array([0.0 if np.isnan(largest) else largest, float(np.isnan(largest))])
+        scale = xp.zeros(2, dtype=np.float64)   # largest magnitude (NaN as 0), NaN flag
+        if work.size:
+            largest = xp.abs(work).max()
+            scale[0] = xp.fmax(largest, 0.0)
+            scale[1] = xp.isnan(largest)
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, scale, op=MPI.MAX)
-    if scale[1]:
-        return result(np.nan)
-    if scale[0] == 0.0 or np.isinf(scale[0]):
-        return result(scale[0])
-    with timed(timings, "compute"):
-        scaled = work / work.real.dtype.type(scale[0])
-        sum_of_squares = np.array([np.vdot(scaled, scaled).real], dtype=np.float64)
+    largest, nan = scale.tolist()
+    if nan or largest == 0.0 or np.isinf(largest):
+        return _scalar_result(xp.full(1, np.nan if nan else largest), result, xp)
+    with timed(timings, "compute", xp):
+        scaled = work / work.real.dtype.type(largest)
+        sum_of_squares = xp.zeros(1, dtype=np.float64)
+        sum_of_squares[0] = xp.vdot(scaled, scaled).real
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, sum_of_squares, op=MPI.SUM)
     with np.errstate(over="ignore"):  # a norm beyond the type's range is inf, as numpy.linalg.norm gives
-        return result(scale[0] * np.sqrt(sum_of_squares[0]))
+        return _scalar_result(largest * xp.sqrt(sum_of_squares), result, xp)
 
 
 def _scalar(alpha, dtype):
@@ -167,9 +183,9 @@ def axpy(alpha, x, y, timings=None):
         raise InputError(f"axpy: x and y blocks differ in dtype ({x.dtype} and {y.dtype})")
     wide = accumulator(y.dtype)
     scalar = _scalar(alpha, wide)
-    with timed(timings, "compute"):
+    with timed(timings, "compute", array_module(y)):
         if wide == y.dtype:
             y += scalar * x
         else:
-            np.add(y, scalar * x.astype(wide), out=y, dtype=wide, casting="same_kind")
+            y[...] = y + scalar * x.astype(wide)   # computed in wide, rounded once
     return y

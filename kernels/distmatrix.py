@@ -12,12 +12,18 @@ layouts, every split made by `block_range`:
 
 Distributed vectors are plain 1D local arrays: rank ``r`` holds entries
 ``block_range(n, p, r)`` unless a routine says otherwise.
+
+Blocks may live on a device (CuPy arrays): the communicator is then the
+backend's wrapper (`kernels.backend.Backend.comm`) and the routines compute
+with `kernels.backend.array_module` of the blocks.
 """
 from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
+from kernels.device_comm import DeviceComm
 from kernels.distribution import ProcessGrid, block_range
 from kernels.errors import InputError
 
@@ -25,11 +31,13 @@ ONE_D_LAYOUTS = ("rows", "cols")
 
 
 @contextmanager
-def timed(timings, key):
+def timed(timings, key, xp=np):
     """Add the wall time of the ``with`` body to ``timings[key]`` (nothing when ``timings`` is None).
 
     Both ``"comm"`` and ``"compute"`` keys are created at the first use, so a
-    routine that never communicates still reports ``"comm": 0.0``.
+    routine that never communicates still reports ``"comm": 0.0``. With a device
+    array module ``xp`` (CuPy), the stream is synchronised before the clock is
+    read, so the phase holds the kernels it queued (not only their launch).
     """
     if timings is None:
         yield
@@ -40,14 +48,26 @@ def timed(timings, key):
     try:
         yield
     finally:
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
         timings[key] = timings.get(key, 0.0) + MPI.Wtime() - start
+
+
+def as_block(values):
+    """``values`` as an array of its own module: device arrays stay on the device, the rest goes through NumPy."""
+    return array_module(values).asarray(values)
+
+
+def _mpi_comm(comm):
+    """The mpi4py communicator itself (unwrapping a `DeviceComm`)."""
+    return comm.comm if isinstance(comm, DeviceComm) else comm
 
 
 def _check_layout(comm, layout):
     if isinstance(layout, ProcessGrid):
         if len(layout.dims) not in (2, 3):
             raise InputError(f"a matrix needs a 2D or 3D process grid, got dims {layout.dims}")
-        if MPI.Comm.Compare(comm, layout.cart) not in (MPI.IDENT, MPI.CONGRUENT):
+        if MPI.Comm.Compare(_mpi_comm(comm), _mpi_comm(layout.cart)) not in (MPI.IDENT, MPI.CONGRUENT):
             raise InputError("the process grid was not built on this communicator")
     elif not isinstance(layout, str) or layout not in ONE_D_LAYOUTS:
         raise InputError(f"unknown layout {layout!r}: use 'rows', 'cols' or a ProcessGrid")
@@ -80,7 +100,8 @@ class DistMatrix:
     comm : MPI.Comm
         All ranks holding blocks (for a grid layout, the communicator it was built on).
     local : array_like
-        This rank's block, of shape ``(len(row_range), len(col_range))``.
+        This rank's block, of shape ``(len(row_range), len(col_range))``; a device
+        array stays on its device (then ``comm`` is the backend's wrapper).
     shape : tuple of int
         Global shape ``(m, n)``.
     layout : {"rows", "cols"} or ProcessGrid
@@ -104,7 +125,7 @@ class DistMatrix:
         self.layout = layout
         self.grid = layout if isinstance(layout, ProcessGrid) else None
         self.row_range, self.col_range, self.primary = _block_of(comm, self.shape, layout, comm.rank)
-        self.local = np.asarray(local)
+        self.local = as_block(local)
         expected = (self.row_range[1] - self.row_range[0], self.col_range[1] - self.col_range[0])
         if self.local.shape != expected:
             raise InputError(f"local block of shape {self.local.shape} does not match the {expected} block "
@@ -127,14 +148,14 @@ class DistMatrix:
 
     @classmethod
     def zeros(cls, comm, shape, layout="rows", dtype=np.float64):
-        """A zero matrix; every rank of ``comm`` allocates only its block."""
+        """A zero matrix; every rank of ``comm`` allocates only its block (on the host)."""
         _check_layout(comm, layout)
         rows, cols, _ = _block_of(comm, _check_shape(shape), layout, comm.rank)
         return cls(comm, np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype), shape, layout)
 
     @classmethod
     def from_global(cls, comm, matrix, layout="rows"):
-        """Copy this rank's block out of a global 2D array every rank holds (no communication)."""
+        """Copy this rank's block out of a global 2D host array every rank holds (no communication)."""
         matrix = np.asarray(matrix)
         if matrix.ndim != 2:
             raise InputError(f"need a 2D array, got {matrix.ndim} dimensions")
@@ -148,6 +169,7 @@ class DistMatrix:
 
         ``matrix`` is ignored on the other ranks. Cost: one broadcast of the shape and
         one ``Scatterv``; root sends ``m n`` words (``c m n`` on a grid with ``c`` layers).
+        Host blocks (move them with ``Backend.from_host``).
         """
         _check_layout(comm, layout)
         header = None
@@ -170,19 +192,21 @@ class DistMatrix:
     def gather(self, root=0):
         """Assemble the global matrix on ``root`` (``Gatherv``; replicas send nothing).
 
-        Returns the ``m x n`` array on ``root`` and None elsewhere. Every rank sends its
-        block once; root receives ``m n`` words in ``p`` messages.
+        Returns the ``m x n`` array on ``root`` (in the blocks' memory: host or device)
+        and None elsewhere. Every rank sends its block once; root receives ``m n``
+        words in ``p`` messages.
         """
-        send = np.ascontiguousarray(self.local) if self.primary else self.local[:0, :0].ravel()
+        xp = array_module(self.local)
+        send = xp.ascontiguousarray(self.local) if self.primary else self.local[:0, :0].ravel()
         if self.comm.rank != root:
             self.comm.Gatherv(send, None, root=root)
             return None
         blocks = list(self._blocks_of_every_rank())
         sizes = [(r[1] - r[0]) * (c[1] - c[0]) if primary else 0 for r, c, primary in blocks]
         counts, displacements = _counts_and_displacements(sizes)
-        packed = np.empty(sum(sizes), dtype=self.dtype)
+        packed = xp.empty(sum(sizes), dtype=self.dtype)
         self.comm.Gatherv(send, [packed, (counts, displacements)], root=root)
-        matrix = np.empty(self.shape, dtype=self.dtype)
+        matrix = xp.empty(self.shape, dtype=self.dtype)
         for (rows, cols, primary), start, size in zip(blocks, displacements, sizes):
             if primary:
                 matrix[slice(*rows), slice(*cols)] = packed[start:start + size].reshape(
@@ -213,8 +237,8 @@ def require_same_layout(first, second, what):
 
 
 def require_vector(vector, length, dtype, what):
-    """Return ``vector`` as an array after checking it is 1D, of ``length`` entries and ``dtype``."""
-    vector = np.asarray(vector)
+    """``vector`` as an array of its own module, checked to be 1D, of ``length`` entries and ``dtype``."""
+    vector = as_block(vector)
     if vector.shape != (length,):
         raise InputError(f"{what}: expected a local vector block of length {length}, got shape {vector.shape}")
     if vector.dtype != dtype:

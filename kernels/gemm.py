@@ -14,9 +14,13 @@ C is accumulated in `kernels.dtypes.accumulator` (float16 in float32, from float
 copies of the blocks, through BLAS) and rounded to A's type once, at the end.
 Integers are multiplied by NumPy (no BLAS), exactly, wrapping on overflow as
 ``A @ B`` does. C has A's dtype.
-"""
-import numpy as np
 
+Device blocks (CuPy): the blocks of A and B on the device and their
+communicator the backend's wrapper (`kernels.backend.Backend.comm`, grids built
+on it); C is computed and returned on the device with the blocks' array module
+(products by CuPy's ``matmul``: cuBLAS, TF32 for float32 when CuPy enables it).
+"""
+from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import block_counts, block_offsets
 from kernels.dtypes import accumulator
@@ -61,24 +65,24 @@ def gemm_1d(A, B, variant="ring", timings=None):
         raise InputError("gemm_1d needs A, B in the 'rows' layout")
     if variant not in ONE_D_VARIANTS:
         raise InputError(f"gemm_1d: unknown variant {variant!r}; use one of {', '.join(ONE_D_VARIANTS)}")
-    comm, k, wide = A.comm, A.shape[1], accumulator(A.dtype)
+    comm, k, wide, xp = A.comm, A.shape[1], accumulator(A.dtype), array_module(A.local)
     counts, offsets = block_counts(k, comm.size), block_offsets(k, comm.size)
-    with timed(timings, "compute"):
+    with timed(timings, "compute", xp):
         a = A.local.astype(wide, copy=False)
-        product = np.zeros((A.local.shape[0], n), dtype=wide)
+        product = xp.zeros((A.local.shape[0], n), dtype=wide)
     if variant == "allgather":
-        whole_b = np.empty((k, n), dtype=A.dtype)
+        whole_b = xp.empty((k, n), dtype=A.dtype)
         with timed(timings, "comm"):
-            comm.Allgatherv(np.ascontiguousarray(B.local),
+            comm.Allgatherv(xp.ascontiguousarray(B.local),
                             [whole_b, ([c * n for c in counts], [o * n for o in offsets])])
-        with timed(timings, "compute"):
-            np.matmul(a, whole_b.astype(wide, copy=False), out=product)
+        with timed(timings, "compute", xp):
+            xp.matmul(a, whole_b.astype(wide, copy=False), out=product)
         return DistMatrix(comm, product.astype(A.dtype, copy=False), (m, n), "rows")
-    travelling = np.zeros((max(counts), n), dtype=A.dtype)
+    travelling = xp.zeros((max(counts), n), dtype=A.dtype)
     travelling[:B.local.shape[0]] = B.local
     for step in range(comm.size):
         owner = (comm.rank + step) % comm.size
-        with timed(timings, "compute"):
+        with timed(timings, "compute", xp):
             start = offsets[owner]
             product += a[:, start:start + counts[owner]] @ travelling[:counts[owner]].astype(wide, copy=False)
         if step < comm.size - 1:

@@ -6,9 +6,9 @@ the product is accumulated (and, in 2.5D, summed over layers) in
 """
 import math
 
-import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import ProcessGrid, block_counts, block_range
 from kernels.dtypes import accumulator
@@ -33,18 +33,18 @@ def _cannon_steps(A, B, q, first_step, steps, timings):
     """
     grid, k = A.grid, A.shape[1]
     i, j = grid.coords[:2]
-    inner = max(block_counts(k, q))
-    a_block = np.zeros((A.local.shape[0], inner), dtype=A.dtype)
+    inner, xp = max(block_counts(k, q)), array_module(A.local)
+    a_block = xp.zeros((A.local.shape[0], inner), dtype=A.dtype)
     a_block[:, :A.local.shape[1]] = A.local
-    b_block = np.zeros((inner, B.local.shape[1]), dtype=A.dtype)
+    b_block = xp.zeros((inner, B.local.shape[1]), dtype=A.dtype)
     b_block[:B.local.shape[0]] = B.local
     wide = accumulator(A.dtype)
-    product = np.zeros((A.local.shape[0], B.local.shape[1]), dtype=wide)
+    product = xp.zeros((A.local.shape[0], B.local.shape[1]), dtype=wide)
     for step in range(steps):
         with timed(timings, "comm"):
             shift(grid.row_comm, a_block, j, i + first_step if step == 0 else 1)
             shift(grid.col_comm, b_block, i, j + first_step if step == 0 else 1)
-        with timed(timings, "compute"):
+        with timed(timings, "compute", xp):
             product += a_block.astype(wide, copy=False) @ b_block.astype(wide, copy=False)
     return product
 

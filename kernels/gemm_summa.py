@@ -1,13 +1,16 @@
 """SUMMA: distributed GEMM ``C = A B`` on any ``pr x pc`` grid (see `kernels.gemm` for conventions).
 
 Panels of A and B travel in their own type; C is accumulated in
-`kernels.dtypes.accumulator` and rounded to A's type once.
+`kernels.dtypes.accumulator` and rounded to A's type once. A grid axis of one
+rank sends nothing: its panels are views of the local block (so on one rank,
+on a device, no panel is copied to the host).
 """
 from bisect import bisect_right
 
 import numpy as np
 from scipy.linalg.blas import get_blas_funcs
 
+from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import block_offsets
 from kernels.dtypes import accumulator
@@ -37,16 +40,20 @@ def _pieces(start, stop, length, parts):
 
 
 def _broadcast_panel(comm, panel, source, start, stop, length, my_index):
-    """Fill ``panel`` with the rows ``[start, stop)`` of the k-blocks that ``comm``'s ranks own.
+    """The rows ``[start, stop)`` of the k-blocks that ``comm``'s ranks own.
 
-    ``source`` is this rank's k-block, one row per k index; each piece comes
-    from its owner by ``Bcast``.
+    ``source`` is this rank's k-block, one row per k index. On one rank, a view
+    of ``source`` (no copy, no message); otherwise ``panel[:stop - start]``,
+    each piece filled by ``Bcast`` from its owner.
     """
+    if comm.size == 1:
+        return source[start:stop]
     my_offset = block_offsets(length, comm.size)[my_index]
     for owner, lo, hi in _pieces(start, stop, length, comm.size):
         if owner == my_index:
             panel[lo - start:hi - start] = source[lo - my_offset:hi - my_offset]
         comm.Bcast(panel[lo - start:hi - start], root=owner)
+    return panel[:stop - start]
 
 
 def gemm_summa(A, B, panel=256, timings=None):
@@ -56,7 +63,8 @@ def gemm_summa(A, B, panel=256, timings=None):
     those columns of A broadcast them along grid rows and the ranks owning
     those rows of B broadcast them along grid columns; a panel crossing a block
     boundary is assembled from one ``Bcast`` per owner. The A panel is kept
-    transposed so every piece is contiguous.
+    transposed so every piece is contiguous. Along a grid axis of one rank the
+    panel is a view of the local block (no broadcast).
 
     Parameters
     ----------
@@ -86,17 +94,18 @@ def gemm_summa(A, B, panel=256, timings=None):
         raise InputError(f"gemm_summa: panel width must be an integer >= 1, got {panel!r}")
     grid, k = A.grid, A.shape[1]
     i, j = grid.coords
-    product = np.zeros((A.local.shape[0], B.local.shape[1]), dtype=accumulator(A.dtype))
+    xp = array_module(A.local)
+    product = xp.zeros((A.local.shape[0], B.local.shape[1]), dtype=accumulator(A.dtype))
     width = max(1, min(panel, k))
-    a_panel_t = np.empty((width, A.local.shape[0]), dtype=A.dtype)
-    b_panel = np.empty((width, B.local.shape[1]), dtype=A.dtype)
+    a_panel_t = xp.empty((width, A.local.shape[0]), dtype=A.dtype) if grid.row_comm.size > 1 else None
+    b_panel = xp.empty((width, B.local.shape[1]), dtype=A.dtype) if grid.col_comm.size > 1 else None
     for start in range(0, k, width):
         stop = min(start + width, k)
         with timed(timings, "comm"):
-            _broadcast_panel(grid.row_comm, a_panel_t, A.local.T, start, stop, k, j)
-            _broadcast_panel(grid.col_comm, b_panel, B.local, start, stop, k, i)
-        with timed(timings, "compute"):
-            accumulate_product(product, a_panel_t[:stop - start].T, b_panel[:stop - start])
+            a_t = _broadcast_panel(grid.row_comm, a_panel_t, A.local.T, start, stop, k, j)
+            b = _broadcast_panel(grid.col_comm, b_panel, B.local, start, stop, k, i)
+        with timed(timings, "compute", xp):
+            accumulate_product(product, a_t.T, b)
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
 
 
@@ -113,12 +122,15 @@ def accumulate_product(c, a, b):
     ``c.T += b.T @ a.T``; an operand that is C-ordered (or the transposed view of
     a C-ordered array) goes to BLAS as it is, with the matching transpose flag.
     Other types (integers) by NumPy's ``matmul`` and an in-place add: SciPy's BLAS
-    wrapper would convert ``c`` to a float copy and update only that.
+    wrapper would convert ``c`` to a float copy and update only that. Device
+    arrays likewise by their module's ``matmul`` (cuBLAS, as CuPy's reference
+    ``matmul`` computes, TF32 included) and an in-place add: one more pass over
+    ``c`` per call.
     """
     if c.size == 0 or a.shape[1] == 0:
         return
     a, b = a.astype(c.dtype, copy=False), b.astype(c.dtype, copy=False)
-    if c.dtype.char not in BLAS_TYPES:
+    if c.dtype.char not in BLAS_TYPES or array_module(c) is not np:
         c += a @ b
         return
     (left, trans_left), (right, trans_right) = _blas_operand(b.T), _blas_operand(a.T)

@@ -11,10 +11,14 @@ reduced in `kernels.dtypes.accumulator` (float16 in float32, through a float32
 copy of the local block) and ``y`` is rounded to A's type once, so partial sums
 beyond 65504 cannot overflow a float16 result that fits; integers are exact
 (wrapping as NumPy's ``A @ x`` does).
+
+Device blocks (CuPy): A's block and ``x`` on the device, A's communicator the
+backend's wrapper (`kernels.backend.Backend.comm`); ``y`` is returned on the
+device, computed with the blocks' array module.
 """
-import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, require_vector, timed
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.dtypes import accumulator, check_dtype
@@ -55,7 +59,10 @@ def _check(A, x, layout, what):
     x_range, y_range = vector_ranges(A)
     x = require_vector(x, x_range[1] - x_range[0], A.dtype,
                        f"{what} with A of {A.shape[1]} columns")
-    return x, np.empty(y_range[1] - y_range[0], dtype=accumulator(A.dtype))
+    xp = array_module(A.local)
+    if array_module(x) is not xp:
+        raise TypeError(f"{what}: x and A's block must both live on the host or both on the device")
+    return x, xp.empty(y_range[1] - y_range[0], dtype=accumulator(A.dtype)), xp
 
 
 def _local_product(a, x):
@@ -64,9 +71,9 @@ def _local_product(a, x):
     return a.astype(wide, copy=False) @ x.astype(wide, copy=False)
 
 
-def _allgather(comm, block, length):
+def _allgather(comm, block, length, xp):
     counts = block_counts(length, comm.size)
-    whole = np.empty(length, dtype=block.dtype)
+    whole = xp.empty(length, dtype=block.dtype)
     comm.Allgatherv(block, [whole, (counts, block_offsets(length, comm.size))])
     return whole
 
@@ -93,10 +100,10 @@ def gemv_rows(A, x, timings=None):
     -----
     ``Allgatherv`` of ``x``: ``(p - 1) alpha + (p - 1) n / p beta``; ``2 m n / p`` flops.
     """
-    x, y = _check(A, x, "rows", "gemv_rows")
+    x, y, xp = _check(A, x, "rows", "gemv_rows")
     with timed(timings, "comm"):
-        whole_x = _allgather(A.comm, x, A.shape[1])
-    with timed(timings, "compute"):
+        whole_x = _allgather(A.comm, x, A.shape[1], xp)
+    with timed(timings, "compute", xp):
         y[...] = _local_product(A.local, whole_x)
     return y.astype(A.dtype, copy=False)
 
@@ -120,8 +127,8 @@ def gemv_cols(A, x, timings=None):
     ``Reduce_scatter`` of ``m`` partial sums: ``(p - 1) alpha + (p - 1) m / p beta``
     (plus the same number of additions); ``2 m n / p`` flops.
     """
-    x, y = _check(A, x, "cols", "gemv_cols")
-    with timed(timings, "compute"):
+    x, y, xp = _check(A, x, "cols", "gemv_cols")
+    with timed(timings, "compute", xp):
         partial = _local_product(A.local, x)
     with timed(timings, "comm"):
         _reduce_scatter(A.comm, partial, y)
@@ -152,10 +159,10 @@ def gemv_2d(A, x, timings=None):
     ``(pr + pc - 2) alpha + ((pr - 1) n / p + (pc - 1) m / p) beta``; on a square
     grid about ``2 sqrt(p) alpha + (m + n) / sqrt(p) beta``; ``2 m n / p`` flops.
     """
-    x, y = _check(A, x, "grid", "gemv_2d")
+    x, y, xp = _check(A, x, "grid", "gemv_2d")
     with timed(timings, "comm"):
-        column_x = _allgather(A.grid.col_comm, x, A.local.shape[1])
-    with timed(timings, "compute"):
+        column_x = _allgather(A.grid.col_comm, x, A.local.shape[1], xp)
+    with timed(timings, "compute", xp):
         partial = _local_product(A.local, column_x)
     with timed(timings, "comm"):
         _reduce_scatter(A.grid.row_comm, partial, y)

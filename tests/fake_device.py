@@ -41,9 +41,13 @@ class DeviceArray(np.ndarray):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         inputs = tuple(_unwrap(value) for value in inputs)
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_unwrap(value) for value in kwargs["out"])
-        return _wrap(getattr(ufunc, method)(*inputs, **kwargs))
+        outputs = kwargs.get("out")
+        if outputs:
+            kwargs["out"] = tuple(_unwrap(value) for value in outputs)
+        result = _wrap(getattr(ufunc, method)(*inputs, **kwargs))
+        if outputs and len(outputs) == 1 and outputs[0] is not None:
+            return outputs[0]   # the out array itself, as NumPy and CuPy return it (``y += x`` keeps ``y``)
+        return result
 
     def __array_function__(self, func, types, args, kwargs):
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))

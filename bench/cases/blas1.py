@@ -6,7 +6,8 @@ of x and y. Variants: ``numpy_dot`` (``np.dot``), ``numpy_nrm2``
 process with every core -- one library variant per operation, so that each kernel
 has its counterpart (``numpy_dot`` comes first: the report's ``vs_ref`` reference) --
 then the kernels ``dot``, ``nrm2`` and ``axpy``. See `bench.families.blas` for
-inputs, checks, settings and metrics.
+inputs, checks, settings, metrics and backends (the ``numpy_*`` variants are
+host-only; on ``cupy`` the kernels run on device blocks).
 
 Check: dot and nrm2 compare each rank's scalar with the reference rank 0 computes
 from the regenerated vectors (1M entries at a time; nrm2 allows n + 3 rounding
@@ -47,6 +48,8 @@ class Blas1(BlasCase):
     name = "blas1"
     benchmark = "blas1"
     variants = ("numpy_dot", "numpy_nrm2", "numpy_axpy", "dot", "nrm2", "axpy")
+    host_only_variants = {variant: "one NumPy process on the host (the CPU library reference)"
+                          for variant in variants if variant.startswith("numpy")}
     size_help = "vector length n in elements (weak scaling: n per rank)"
     default_sizes = "64K:16M"
     metrics_help = "gflops (2n flops), items_per_s = n/s, metric comm_share"
@@ -57,7 +60,7 @@ class Blas1(BlasCase):
     def build(self, state):
         comm, dtype = state.comm, np.dtype(state.dtype)
         block = block_range(state.size, comm.size, comm.rank)
-        x, y = (seeded_vector(name, *block, dtype) for name in "xy")
+        x, y = (state.backend.from_host(seeded_vector(name, *block, dtype)) for name in "xy")
         state.data.update(layout="blocks", block=block, x=x, y=y)
         kernels = {
             "numpy_dot": library_kernel(np.dot, x, y),
@@ -71,14 +74,15 @@ class Blas1(BlasCase):
 
     def check(self, state):
         operation, n = state.variant.replace("numpy_", ""), state.size
+        result = state.backend.to_host(state.result)
         if operation == "axpy":
             x, y0 = (seeded_vector(name, *state.data["block"]) for name in "xy")
             step = AXPY_ALPHA * (state.runs % 2) * x
-            return count_wrong(state.result, y0 + step, np.abs(y0) + np.abs(step), 1, state.dtype)
+            return count_wrong(result, y0 + step, np.abs(y0) + np.abs(step), 1, state.dtype)
         sums = state.comm.bcast(reference_sums(n) if state.comm.rank == 0 else None, root=0)
         if operation == "dot":
-            return count_wrong(state.result, sums[0], sums[1], n, state.dtype)
-        return count_wrong(state.result, np.sqrt(sums[2]), np.sqrt(sums[2]), n + 3, state.dtype)
+            return count_wrong(result, sums[0], sums[1], n, state.dtype)
+        return count_wrong(result, np.sqrt(sums[2]), np.sqrt(sums[2]), n + 3, state.dtype)
 
     def flops(self, n):
         return 2 * n

@@ -1,19 +1,23 @@
 """Suite ``gemm``: distributed C = A B (kernels.gemm) against NumPy on one process.
 
 Size n: A, B and C are n x n. Variants: ``numpy`` (``A @ B``, one process with
-every core; the report's reference), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
+every core; the report's reference; host-only), ``cupy`` (``cupy.matmul`` on one
+GPU: cuBLAS, the device's library reference; device-only; param ``tf32`` says
+whether CuPy uses TF32 for float32), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
 row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, setting ``GRID``, panel
 ``GEMM_PANEL``), ``summa_lookahead`` (`gemm_summa_lookahead`: the same with the
 broadcast of panel t + 1 overlapping the GEMM of panel t), ``cannon``
 (`gemm_cannon`; p a perfect square), ``cannon_overlap`` (`gemm_cannon_overlap`:
 each shift overlapping a GEMM) and ``25d`` (`gemm_25d` on a q x q x c grid, c =
 ``GEMM_REPLICAS``; c | p and p / c a perfect square). See `bench.families.blas`
-for inputs, settings and metrics.
+for inputs, settings, metrics and backends; ``summa_lookahead`` and
+``cannon_overlap`` are host-only for now (not yet ported to the device).
 
 Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
 entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
 against those rows of A times B regenerated ``CHUNK_ROWS`` rows at a time (each
 rank regenerates all of B: n^2 draws, no n x n temporary). 25d checks C on every layer.
+float32 products in TF32 (param ``tf32``) are checked with TF32's looser eps.
 
 Metrics: gflops (2 n^3 flops), algbw = bytes sent per rank (cost model) / time,
 comm_share (exposed communication / busy time; params ``exposed_comm_s`` beside
@@ -23,8 +27,8 @@ from functools import partial
 
 import numpy as np
 
-from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong, library_kernel,
-                                     seeded_matrix, seeded_rows)
+from bench.families.blas import (CHUNK_ROWS, GRID, NOT_PORTED, PANEL, REPLICAS, BlasCase, Cost, count_wrong,
+                                 library_kernel, seeded_matrix, seeded_rows)
 from bench.report.model import log2_ceil
 from kernels.distmatrix import DistMatrix
 from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead
@@ -41,27 +45,33 @@ def _ceil_div(a, b):
 class Gemm(BlasCase):
     name = "gemm"
     benchmark = "gemm"
-    variants = ("numpy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "cannon", "cannon_overlap", "25d")
+    variants = ("numpy", "cupy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "cannon", "cannon_overlap",
+                "25d")
+    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference; cupy on a GPU)",
+                          "summa_lookahead": NOT_PORTED, "cannon_overlap": NOT_PORTED}
+    device_only_variants = {"cupy": "cuBLAS on one GPU (the device library reference; numpy on the CPU)"}
     size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
     default_sizes = "256:2K"
     metrics_help = "gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share"
     description = ("Distributed matrix product C = A B of seeded n x n matrices against one NumPy process using "
-                   "every core. The kernels are 1D row blocks (B passed round a ring, or allgathered), SUMMA on a "
-                   "2D grid (plain, or with look-ahead: the next panels broadcast during the current GEMM), Cannon on "
-                   "a square grid (plain, or with each shift overlapping a GEMM) and the 2.5D algorithm with c "
-                   "replicas; each rank pins its share of the BLAS threads and splits its time into exposed "
-                   "communication and computation.")
+                   "every core (on a GPU: cupy, cuBLAS on one device). The kernels are 1D row blocks (B passed "
+                   "round a ring, or allgathered), SUMMA on a 2D grid (plain, or with look-ahead: the next panels "
+                   "broadcast during the current GEMM), Cannon on a square grid (plain, or with each shift "
+                   "overlapping a GEMM) and the 2.5D algorithm with c replicas; each rank pins its share of the BLAS "
+                   "threads and splits its time into exposed communication and computation.")
     declared_settings = (GRID, PANEL, REPLICAS)
     work_exponent = 3
     compute_bound = True
+    matrix_products = True
 
     def iterations(self, size):
         return (5, 1) if size >= 2048 else (10, 2)
 
     def build(self, state):
         layout = self.layout(state.comm, state.variant, "rows")
-        A, B = (seeded_matrix(name, state.size, state.comm, layout, state.dtype) for name in "AB")
+        A, B = (seeded_matrix(name, state.size, state.comm, layout, state.dtype, state.backend) for name in "AB")
         kernels = {"numpy": library_kernel(np.matmul, A.local, B.local),
+                   "cupy": library_kernel(state.backend.xp.matmul, A.local, B.local),
                    "1d_ring": partial(gemm_1d, A, B, "ring"), "1d_allgather": partial(gemm_1d, A, B, "allgather"),
                    "summa": partial(gemm_summa, A, B, self.panel),
                    "summa_lookahead": partial(gemm_summa_lookahead, A, B, self.panel),
@@ -74,6 +84,7 @@ class Gemm(BlasCase):
         n, C = state.size, state.result
         local, (first, last), cols = (C.local, C.row_range, C.col_range) if isinstance(C, DistMatrix) else (
             C, (0, n), (0, n))
+        local = state.backend.to_host(local)
         rows = np.arange(first, last)
         if n > FULL_CHECK_N and len(rows) > SAMPLE_ROWS:
             rows = np.unique(np.linspace(first, last - 1, SAMPLE_ROWS).round().astype(int))
@@ -84,7 +95,7 @@ class Gemm(BlasCase):
             b = seeded_rows("B", range(start, min(n, start + CHUNK_ROWS)), n)[:, slice(*cols)]
             expected += a[:, start:start + len(b)] @ b
             magnitude += np.abs(a[:, start:start + len(b)]) @ np.abs(b)
-        return count_wrong(local[rows - first], expected, magnitude, n, state.dtype)
+        return count_wrong(local[rows - first], expected, magnitude, n, state.dtype, self.check_eps(state))
 
     def flops(self, n):
         return 2 * n ** 3
@@ -101,7 +112,7 @@ class Gemm(BlasCase):
         depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
         ``2 s ceil(n/q)^3`` flops.
         """
-        if variant == "numpy":
+        if variant in ("numpy", "cupy"):
             return Cost(0, 0, 2 * n ** 3, 0)
         if variant.startswith("1d"):
             return Cost(p - 1, (p - 1) * n * n / p, 2 * n ** 3 / p, 0)
@@ -123,7 +134,7 @@ class Gemm(BlasCase):
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Blocks of A, B and C with each variant's buffers (see kernels.gemm), in entries:
-        numpy ``3 n^2``; 1d ``3 L`` (``L = n ceil(n / p)``) plus a travelling block and a
+        numpy and cupy ``3 n^2``; 1d ``3 L`` (``L = n ceil(n / p)``) plus a travelling block and a
         product (ring) or all of B (allgather); summa ``3 L`` and two panels (four with
         look-ahead); cannon and 25d ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies,
         product; 25d one more for the depth allreduce, cannon_overlap two more for the next
@@ -132,7 +143,7 @@ class Gemm(BlasCase):
         n, item = problem, np.dtype(dtype).itemsize
         rows = -(-n // ranks)
         local = n * rows
-        if variant == "numpy":
+        if variant in ("numpy", "cupy"):
             entries = 3 * n * n
         elif variant.startswith("1d"):
             entries = 3 * local + (2 * local if variant == "1d_ring" else n * n)

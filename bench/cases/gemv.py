@@ -5,10 +5,12 @@ the report's reference), ``rows`` (`gemv_rows`: allgather x, local GEMV), ``cols
 (`gemv_cols`: local GEMV, reduce-scatter y) and ``2d`` (`gemv_2d` on a pr x pc
 grid, setting ``GRID``). GEMV does 2 flops per matrix entry read once: it is
 memory-bound, and the ranks of a node share its memory bandwidth. See
-`bench.families.blas` for inputs, settings and metrics.
+`bench.families.blas` for inputs, settings, metrics and backends (``numpy`` is
+host-only; on ``cupy`` the kernels run on device blocks).
 
 Check: every entry of each rank's block of y, against rows of A regenerated
-``CHUNK_ROWS`` at a time times the whole x.
+``CHUNK_ROWS`` at a time times the whole x (float32 in TF32, param ``tf32``: with
+TF32's looser eps).
 
 Metrics: gflops (2 n^2 flops), algbw = bytes sent per rank (cost model) / time,
 comm_share.
@@ -28,6 +30,7 @@ class Gemv(BlasCase):
     name = "gemv"
     benchmark = "gemv"
     variants = ("numpy", "rows", "cols", "2d")
+    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference)"}
     size_help = "n of the n x n matrix A in y = A x (weak scaling: n sqrt(p))"
     default_sizes = "1K:8K"
     metrics_help = "gflops (2n^2 flops), algbw = bytes sent per rank / s, metric comm_share"
@@ -37,11 +40,12 @@ class Gemv(BlasCase):
                    "memory bandwidth.")
     declared_settings = (GRID,)
     work_exponent = 2
+    matrix_products = True
 
     def build(self, state):
         layout = self.layout(state.comm, state.variant, "cols" if state.variant == "cols" else "rows")
-        A = seeded_matrix("A", state.size, state.comm, layout, state.dtype)
-        x = seeded_vector("x", *vector_ranges(A)[0], state.dtype)
+        A = seeded_matrix("A", state.size, state.comm, layout, state.dtype, state.backend)
+        x = state.backend.from_host(seeded_vector("x", *vector_ranges(A)[0], state.dtype))
         state.data.update(layout=layout, A=A, x=x)
         state.kernel = library_kernel(np.dot, A.local, x) if state.variant == "numpy" else partial(
             KERNELS[state.variant], A, x)
@@ -49,12 +53,12 @@ class Gemv(BlasCase):
     def check(self, state):
         n = state.size
         first, last = vector_ranges(state.data["A"])[1]
-        x = seeded_vector("x", 0, n)
+        x, result, eps = seeded_vector("x", 0, n), state.backend.to_host(state.result), self.check_eps(state)
         wrong = 0
         for start in range(first, last, CHUNK_ROWS):
             a = seeded_rows("A", range(start, min(last, start + CHUNK_ROWS)), n)
-            wrong += count_wrong(state.result[start - first:start - first + len(a)], a @ x, np.abs(a) @ np.abs(x),
-                                 n, state.dtype)
+            wrong += count_wrong(result[start - first:start - first + len(a)], a @ x, np.abs(a) @ np.abs(x),
+                                 n, state.dtype, eps)
         return wrong
 
     def flops(self, n):

@@ -31,6 +31,16 @@ Checks compare with a float64 reference regenerated from the seed: an entry is
 wrong when ``|result - reference| > 2 k eps(dtype) s`` or NaN, with ``k`` the
 number of terms summed and ``s`` the matching sum of magnitudes (|A| |B| for
 GEMM): the rounding bound of any summation order, for result and reference.
+TF32 (CuPy's float32 matrix products with ``CUPY_TF32=1``, recorded as param
+``tf32`` by gemv and gemm) rounds the factors to 10 mantissa bits, so float32
+is then checked with TF32's eps, ``2**-10``, instead of float32's ``2**-23``.
+
+Backends. On ``numpy`` everything is on the host. On ``cupy`` the inputs are drawn
+on the host with the same seeds, moved to the device once in setup, and the
+kernels run there on the backend's communicator (`kernels.backend.Backend.comm`:
+grids are built on it); checks move results to the host. The NumPy library
+variants are host-only (one process, threaded BLAS); gemm's ``cupy`` (``matmul``
+on one GPU, cuBLAS) is its device counterpart and device-only.
 
 Metrics: gflops (nominal flops of the suite / time), metric ``comm_share`` =
 communication seconds / (communication + computation) seconds, summed over ranks
@@ -38,7 +48,8 @@ and runs, from the kernels' ``timings`` (waiting for a late rank counts as
 communication; for the overlapping GEMMs only the exposed part: posting and waiting on
 requests). params: exposed_comm_s and busy_s (those seconds per run, mean over ranks),
 layout (grid shape), panel (summa, summa_lookahead), replicas (25d),
-comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup).
+comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup),
+tf32 (gemv, gemm: whether CuPy computes float32 products in TF32; false on numpy).
 """
 import math
 import os
@@ -51,6 +62,7 @@ from threadpoolctl import threadpool_info
 
 from bench.case import Case, Metrics
 from bench.settings import Setting, integer
+from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
@@ -63,6 +75,8 @@ CHUNK_ROWS = 256          # rows generated at a time (bounds the temporaries)
 WORD = 8                  # the cost models count float64 words
 GRID_VARIANTS = ("2d", "summa", "summa_lookahead")
 CANNON_VARIANTS = ("cannon", "cannon_overlap")
+TF32_EPS = 2.0 ** -10     # TF32 keeps 10 of float32's 23 mantissa bits
+NOT_PORTED = "not yet ported to the device"
 
 #: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
 Cost = namedtuple("Cost", "messages words flops stream_words")
@@ -83,20 +97,40 @@ def seeded_vector(name, start, stop, dtype="float64"):
     return flat[start - first * VECTOR_ROW:stop - first * VECTOR_ROW].copy()
 
 
-def seeded_matrix(name, n, comm, layout, dtype):
-    """This rank's block of the seeded ``n x n`` matrix ``name`` as a `DistMatrix` (no communication)."""
+def seeded_matrix(name, n, comm, layout, dtype, backend):
+    """This rank's block of the seeded ``n x n`` matrix ``name`` as a `DistMatrix` (no communication).
+
+    Drawn on the host, then moved once into ``backend``'s memory.
+    """
     matrix = DistMatrix.zeros(comm, (n, n), layout, dtype)
     first, last = matrix.row_range
     for start in range(first, last, CHUNK_ROWS):
         rows = range(start, min(last, start + CHUNK_ROWS))
         matrix.local[start - first:rows.stop - first] = seeded_rows(name, rows, n, dtype)[:, matrix.col_slice]
-    return matrix
+    return DistMatrix(comm, backend.from_host(matrix.local), matrix.shape, layout)
 
 
-def count_wrong(result, expected, magnitude, terms, dtype):
-    """Entries farther from ``expected`` than ``2 terms eps(dtype) magnitude``; NaN counts as wrong."""
-    bound = 2 * terms * np.finfo(dtype).eps * np.asarray(magnitude)
+def count_wrong(result, expected, magnitude, terms, dtype, eps=None):
+    """Entries farther from ``expected`` than ``2 terms eps magnitude``; NaN counts as wrong.
+
+    ``result`` is on the host; ``eps`` defaults to ``dtype``'s machine epsilon.
+    """
+    eps = np.finfo(dtype).eps if eps is None else eps
+    bound = 2 * terms * eps * np.asarray(magnitude)
     return int(np.count_nonzero(~(np.abs(np.asarray(result, np.float64) - expected) <= bound)))
+
+
+def tf32_enabled(backend):
+    """Whether ``backend`` multiplies float32 matrices in TF32 (CuPy with ``CUPY_TF32`` > 0, as CuPy reads it)."""
+    try:
+        return backend.name == "cupy" and int(os.environ.get("CUPY_TF32", "0")) > 0
+    except ValueError:
+        return False
+
+
+def is_library(variant):
+    """Whether ``variant`` is a one-process library call (``numpy*`` on the host, ``cupy`` on one GPU)."""
+    return variant.startswith("numpy") or variant == "cupy"
 
 
 def grid(variable, text, allowed):
@@ -116,8 +150,10 @@ REPLICAS = Setting("GEMM_REPLICAS", integer, 2, 1, "replicas c of gemm 25d")
 
 def library_kernel(function, *args):
     """A kernel calling ``function(*args)``, timed as computation (the library variants never communicate)."""
+    xp = array_module(*args)
+
     def kernel(timings):
-        with timed(timings, "compute"):
+        with timed(timings, "compute", xp):
             return function(*args)
     return kernel
 
@@ -128,10 +164,11 @@ def _blas_threads():
 
 @dataclass
 class _State:
-    comm: object
+    comm: object                               # the backend's communicator (Backend.comm)
     variant: str
     size: int
     dtype: str
+    backend: object
     data: dict = field(default_factory=dict)   # "layout" and the inputs (A, B, x, y), per suite
     kernel: object = None                      # callable(timings) -> result
     result: object = None
@@ -148,18 +185,20 @@ class BlasCase(Case):
     ``build(state)`` (fills ``state.kernel`` and ``state.data``, with ``"layout"``
     a string or a `ProcessGrid`), ``check``,
     ``flops(n)`` (nominal, global) and ``cost(variant, n, p)`` (a `Cost`).
+    ``matrix_products`` (gemv, gemm) records param ``tf32``.
     """
 
     size_unit = "n"
     work_exponent = 1
     compute_bound = False
+    matrix_products = False
 
     def __init__(self, settings=None):
         super().__init__(settings)
         self.grid, self.panel, self.replicas = (self.settings.get(s.name) for s in (GRID, PANEL, REPLICAS))
 
     def check_ranks(self, ranks, variant):
-        if variant.startswith("numpy") and ranks != 1:
+        if is_library(variant) and ranks != 1:
             raise InputError(f"{variant} is one process using every core (implicit parallelism): "
                              f"it runs on 1 rank, not {ranks}")
         if variant in GRID_VARIANTS and self.grid and self.grid[0] * self.grid[1] != ranks:
@@ -197,19 +236,22 @@ class BlasCase(Case):
         return ProcessGrid(comm, dims) if dims else one_d
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError(f"suite {self.name} runs on the numpy backend only, not {backend.name!r}")
         if size < 1:
             raise InputError(f"{self.name}: n must be >= 1, got {size}")
+        reason = self.unavailable(comm, variant, backend)
+        if reason:
+            raise InputError(f"{self.name} {variant} on the {backend.name} backend: {reason}")
         self.check_ranks(comm.size, variant)
-        state = _State(comm, variant, size, dtype)
+        state = _State(backend.comm(comm), variant, size, dtype, backend)
         self.build(state)
         layout = state.data["layout"]
         label = "x".join(map(str, layout.dims)) if isinstance(layout, ProcessGrid) else (
-            "1 process" if variant.startswith("numpy") else layout)
+            "1 process" if is_library(variant) else layout)
         words = self.cost(variant, size, comm.size).words
         state.params = dict(layout=label, comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize),
                             blas_threads=_blas_threads())
+        if self.matrix_products:
+            state.params["tf32"] = tf32_enabled(backend)
         if variant.startswith("summa"):
             state.params["panel"] = self.panel
         if variant == "25d":
@@ -236,6 +278,10 @@ class BlasCase(Case):
 
     def params(self, state):
         return state.params
+
+    def check_eps(self, state):
+        """Epsilon of the check: TF32's for float32 products in TF32, else None (the dtype's own)."""
+        return TF32_EPS if state.params.get("tf32") and np.dtype(state.dtype) == np.float32 else None
 
     def predict(self, variant, size, ranks, calib):
         """Alpha-beta cost of the messages and words of `cost` (float64) plus the computation.

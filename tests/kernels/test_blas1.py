@@ -184,3 +184,51 @@ def test_unsupported_dtypes_are_refused_on_every_rank(comm, dtype):
     for call in (lambda: dot(comm, x, x), lambda: nrm2(comm, x), lambda: axpy(1, x, x.copy())):
         with pytest.raises(TypeError, match="not supported"):
             call()
+
+
+# --- device blocks (the simulated GPU always; CuPy when a GPU is visible) ---
+
+def agreed(comm, ok):
+    """True when ``ok`` holds on every rank (every rank asserts the same verdict)."""
+    return comm.allreduce(int(not ok)) == 0
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_dot_nrm2_and_axpy_on_device_blocks_match_numpy(comm, device_backend, n, dtype):
+    device_comm = device_backend.comm(comm)
+    x, y = vector(n, dtype, 1), vector(n, dtype, 2)
+    x_block, y_block = (device_backend.from_host(block(v, comm)) for v in (x, y))
+    product, norm = dot(device_comm, x_block, y_block, timings={}), nrm2(device_comm, x_block, timings={})
+    alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
+    updated = axpy(alpha, x_block, y_block, timings={})
+    on_device = all(device_backend.is_device_array(r) for r in (product, norm, updated)) and updated is y_block
+    assert agreed(comm, on_device and product.shape == norm.shape == () and product.dtype == dtype
+                  and norm.dtype == np.linalg.norm(x).dtype and updated.dtype == dtype)
+    product, norm, updated = (device_backend.to_host(r) for r in (product, norm, updated))
+    expected_norm = np.linalg.norm(exact(x).astype(np.complex128))
+    expected_y = block(alpha * exact(x) + exact(y), comm)
+    assert agreed(comm, abs(exact(product.reshape(1))[0] - np.dot(exact(x), exact(y)))
+                  <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
+                  and abs(float(norm) - expected_norm) <= tolerance(norm.dtype, n) * (1 + expected_norm)
+                  and np.all(np.abs(exact(updated) - expected_y) <= tolerance(dtype, 1) * (1 + np.abs(expected_y))))
+    assert comm.allgather((product.item(), norm.item())) == [(product.item(), norm.item())] * comm.size
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("special, expected", [(0.0, 0.0), (np.inf, np.inf), (np.nan, np.nan), (1e200, None)])
+def test_nrm2_of_device_blocks_with_zeros_inf_nan_and_huge_entries(comm, device_backend, special, expected):
+    x = np.zeros(6) if special == 0.0 else np.ones(6)
+    x[comm.size % 6] = special
+    result = nrm2(device_backend.comm(comm), device_backend.from_host(block(x, comm)))
+    value = float(device_backend.to_host(result))
+    expected = np.linalg.norm(x / 1e200) * 1e200 if expected is None else expected
+    assert agreed(comm, device_backend.is_device_array(result)
+                  and (np.isnan(value) if np.isnan(expected) else value == pytest.approx(expected, rel=1e-15)))
+
+
+def test_float16_axpy_on_a_device_rounds_once(device_backend):
+    y = device_backend.from_host(np.array([-6e4], np.float16))
+    axpy(2, device_backend.from_host(np.array([6e4], np.float16)), y)
+    assert device_backend.is_device_array(y) and device_backend.to_host(y)[0] == 6e4

@@ -33,6 +33,19 @@ def test_timed_adds_up_and_ignores_none():
     assert set(timings) == {"comm", "compute"} and timings["comm"] >= 0.0 == timings["compute"]
 
 
+def test_timed_waits_for_the_device_before_reading_the_clock(device_backend, monkeypatch):
+    # On a device, kernels run asynchronously: a phase must include the work it queued.
+    synchronized = []
+    stream = type("Stream", (), {"synchronize": lambda self: synchronized.append(True)})()
+    monkeypatch.setattr(device_backend.xp, "cuda", type("Cuda", (), {"get_current_stream": lambda: stream}))
+    timings = {}
+    with timed(timings, "compute", device_backend.xp):
+        pass
+    with timed(timings, "comm"):   # the host's module (the default): nothing to wait for
+        pass
+    assert synchronized == [True] and set(timings) == {"comm", "compute"}
+
+
 def test_require_vector_checks_length_and_dtype():
     assert require_vector([1.0, 2.0], 2, np.float64, "t").shape == (2,)
     with pytest.raises(InputError, match="length 3"):
@@ -54,6 +67,25 @@ def test_from_global_then_gather_gives_the_matrix_back(comm, layout_name, shape)
     agreed = comm.bcast(gathered is not None and np.array_equal(gathered, global_matrix), root=comm.size - 1)
     assert agreed
     assert (gathered is None) == (comm.rank != comm.size - 1)
+    if distributed.grid is not None:
+        distributed.grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("shape", [(7, 5), (2, 3), (0, 4)])
+def test_device_blocks_on_the_backend_communicator_stay_on_the_device(comm, device_backend, layout_name, shape):
+    device_comm = device_backend.comm(comm)
+    layout = make_layout(device_comm, layout_name)   # a grid's communicators are wrapped too
+    global_matrix = matrix(shape)
+    on_host = DistMatrix.from_global(device_comm, global_matrix, layout)
+    distributed = DistMatrix(device_comm, device_backend.from_host(on_host.local), shape, layout)
+    gathered = distributed.gather(root=comm.size - 1)
+    on_device = device_backend.is_device_array(distributed.local) and (
+        gathered is None or device_backend.is_device_array(gathered))
+    assert comm.allreduce(int(not on_device)) == 0
+    assert comm.bcast(gathered is not None and np.array_equal(device_backend.to_host(gathered), global_matrix),
+                      root=comm.size - 1)
     if distributed.grid is not None:
         distributed.grid.free()
 

@@ -200,3 +200,47 @@ def test_mismatched_operands_are_input_errors(comm, grid):
 def test_25d_replica_counts_that_are_not_positive_integers_are_input_errors(comm, replicas):
     with pytest.raises(InputError, match="replicas"):
         grid_25d(comm, replicas)
+
+
+# --- device blocks (the simulated GPU always; CuPy when a GPU is visible) ---
+
+def device_variants(comm):
+    """`multiply_by_every_variant` on ``comm`` without the variants not yet ported to the device."""
+    return [v for v in multiply_by_every_variant(comm) if "lookahead" not in v[0] and "overlap" not in v[0]]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", [(7, 9, 5), (2, 3, 2), (3, 0, 2)])
+def test_every_gemm_of_device_blocks_matches_numpy(comm, device_backend, size, dtype):
+    device_comm = device_backend.comm(comm)
+    a, b = operands(size, dtype)
+    for name, layout, multiply in device_variants(device_comm):
+        on_device = []
+
+        def multiply_on_device(host_a, host_b, timings):
+            A, B = (DistMatrix(device_comm, device_backend.from_host(M.local), M.shape, layout)
+                    for M in (host_a, host_b))
+            C = multiply(A, B, timings)
+            on_device.append(device_backend.is_device_array(C.local))
+            return DistMatrix(comm, device_backend.to_host(C.local), C.shape, layout)
+
+        assert_product(comm, a, b, layout, multiply_on_device)
+        assert comm.allreduce(int(on_device != [True])) == 0, name
+        if isinstance(layout, ProcessGrid):
+            layout.free()
+
+
+@pytest.mark.parametrize("dims", [(1, 1), None], ids=["summa_1x1", "cannon_1x1"])
+def test_gemm_of_device_blocks_on_one_rank_stages_nothing(device_backend, monkeypatch, dims):
+    # SUMMA's panels on a one-rank grid axis are views of the block: no Bcast, so no copy through the host.
+    staged = []
+    monkeypatch.setattr(device_backend, "host_buffer", lambda *args, **kwargs: staged.append(args))
+    comm = device_backend.comm(MPI.COMM_SELF)
+    grid = ProcessGrid(comm, dims or (0, 0))
+    a, b = operands((7, 9, 5), np.float32)
+    A, B = (DistMatrix(comm, device_backend.from_host(m), m.shape, grid) for m in (a, b))
+    C = gemm_summa(A, B, panel=2, timings={}) if dims else gemm_cannon(A, B, timings={})
+    assert staged == [] and device_backend.is_device_array(C.local)
+    assert np.max(np.abs(device_backend.to_host(C.local) - a @ b)) <= 1e-5
+    grid.free()

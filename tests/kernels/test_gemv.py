@@ -57,13 +57,36 @@ def test_gemv_matches_numpy(comm, layout_name, shape, dtype):
     x_range, y_range = vector_ranges(A)
     timings = {}
     y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
+    assert_y(comm, a, x, y, y_range)
+    assert set(timings) == {"comm", "compute"}
+    free(layout)
+
+
+def assert_y(comm, a, x, y, y_range):
+    """``y`` (on the host) is this rank's block ``y_range`` of ``a @ x``, within rounding, on every rank."""
     expected = expected_product(a, x)[slice(*y_range)]
     scale = 1 + np.abs(a).sum(axis=1).max(initial=0) * np.abs(x).max(initial=0)
-    tolerance = 0 if a.dtype.kind == "i" else 10 * np.finfo(dtype).eps * max(shape[1], 1) * scale
+    tolerance = 0 if a.dtype.kind == "i" else 10 * np.finfo(a.dtype).eps * max(a.shape[1], 1) * scale
     error = float(np.max(np.abs(y - expected), initial=0))
-    assert y.dtype == dtype and y.shape == expected.shape
+    assert y.dtype == a.dtype and y.shape == expected.shape
     assert comm.allreduce(error, op=MPI.MAX) <= tolerance
-    assert set(timings) == {"comm", "compute"}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gemv_of_device_blocks_matches_numpy(comm, device_backend, layout_name, shape, dtype):
+    device_comm = device_backend.comm(comm)
+    layout = layout_of(device_comm, layout_name)
+    a, x = problem(shape, dtype)
+    on_host = DistMatrix.from_global(device_comm, a, layout)
+    A = DistMatrix(device_comm, device_backend.from_host(on_host.local), a.shape, layout)
+    x_range, y_range = vector_ranges(A)
+    y = ROUTINES[layout_name](A, device_backend.from_host(x[slice(*x_range)]), timings={})
+    assert comm.allreduce(int(not device_backend.is_device_array(y))) == 0
+    assert_y(comm, a, x, device_backend.to_host(y), y_range)
+    with pytest.raises(TypeError, match="both"):
+        ROUTINES[layout_name](A, x[slice(*x_range)])
     free(layout)
 
 

@@ -1,5 +1,6 @@
 """The ``blas1``, ``gemv`` and ``gemm`` suites: end to end through the command line, checks, models."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from bench.cases.blas1 import Blas1
 from bench.families.blas import seeded_rows
 from bench.cases.gemm import Gemm
 from bench.cases.gemv import Gemv
+from bench.families.blas import TF32_EPS
 from kernels.backend import get_backend
 from kernels.errors import InputError
 from tests.clitools import mlscale, rows_of
@@ -26,8 +28,10 @@ CASES = {"blas1": Blas1, "gemv": Gemv, "gemm": Gemm}
 ])
 def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, expected):
     path = str(tmp_path / "out.csv")
+    on_host = ",".join(v for v in CASES[suite].variants if v not in CASES[suite].device_only_variants)
     status, out, err = mlscale("sweep", SUITES[suite], "--np", "2", "--ranks", "1,2", "--sizes", size,
-                               "--scaling", "weak", "--iters", "1", "--warmup", "0", "--csv", path)
+                               "--scaling", "weak", "--iters", "1", "--warmup", "0", "--csv", path,
+                               "--variants", on_host)
     assert status == 0, err
     rows = rows_of(path)
     ranks_of = {variant: "".join(sorted(r["ranks"] for r in rows if r["variant"] == variant))
@@ -150,3 +154,65 @@ def test_cost_models():
     assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(3.0)
     assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(2.0)
     assert Blas1().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.0)
+
+
+# --- the cupy backend (the simulated GPU always; CuPy when a GPU is visible) ---
+
+DEVICE_SIZES = {"blas1": 1001, "gemv": 13, "gemm": 13}
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("suite", sorted(CASES))
+def test_every_device_variant_runs_and_checks_on_device_blocks(comm, device_backend, suite, dtype):
+    case = CASES[suite]()
+    ran, expected = [], {v for v in case.variants if v not in case.host_only_variants and fits(case, comm.size, v)}
+    for variant in case.variants:
+        if not fits(case, comm.size, variant) or case.unavailable(comm, variant, device_backend):
+            continue
+        state = case.setup(comm, DEVICE_SIZES[suite], variant, device_backend, dtype)
+        for _ in range(2):   # axpy alternates its alpha: the check follows
+            case.run(state)
+        result = state.result.local if hasattr(state.result, "local") else state.result
+        inputs = [value.local if hasattr(value, "local") else value for key, value in state.data.items()
+                  if key in ("A", "B", "x", "y")]
+        wrong = case.check(state)
+        metrics = case.metrics(state, 1.0)
+        case.teardown(state)
+        ok = wrong == 0 and all(device_backend.is_device_array(a) for a in [result, *inputs]) and metrics.gflops > 0
+        assert comm.allreduce(int(not ok)) == 0, variant
+        ran.append(variant)
+    assert set(ran) == expected and ("cupy" in ran) == (suite == "gemm" and comm.size == 1)
+
+
+def fits(case, ranks, variant):
+    """Whether ``variant`` runs on ``ranks`` ranks (grids, one-process library variants)."""
+    try:
+        case.check_ranks(ranks, variant)
+    except InputError:
+        return False
+    return True
+
+
+def test_library_variants_stay_on_their_backend(device_backend):
+    for case, variant, backend in [(Gemm(), "numpy", device_backend), (Gemv(), "numpy", device_backend),
+                                   (Blas1(), "numpy_dot", device_backend), (Gemm(), "cupy", get_backend("numpy")),
+                                   (Gemm(), "summa_lookahead", device_backend)]:
+        reason = case.unavailable(MPI.COMM_SELF, variant, backend)
+        assert reason
+        with pytest.raises(InputError, match=re.escape(reason)):
+            case.setup(MPI.COMM_SELF, 8, variant, backend, "float64")
+
+
+@pytest.mark.parametrize("tf32", ["0", "1"])
+def test_gemm_cupy_records_tf32_and_loosens_the_float32_check(device_backend, monkeypatch, tf32):
+    monkeypatch.setenv("CUPY_TF32", tf32)
+    gemm = Gemm()
+    state = gemm.setup(MPI.COMM_SELF, 9, "cupy", device_backend, "float32")
+    gemm.run(state)
+    assert device_backend.is_device_array(state.result) and gemm.check(state) == 0
+    assert state.params["tf32"] is (tf32 == "1") and state.params["layout"] == "1 process"
+    assert gemm.check_eps(state) == (TF32_EPS if tf32 == "1" else None)
+    host = gemm.setup(MPI.COMM_SELF, 9, "summa", get_backend("numpy"), "float32")
+    assert host.params["tf32"] is False and gemm.check_eps(host) is None
+    gemm.teardown(host)
