@@ -21,9 +21,8 @@ and the copies into buffers.
 """
 from collections import deque
 
-import numpy as np
-from mpi4py import MPI
-
+from kernels.backend import array_module
+from kernels.device_comm import poll_all, wait_all
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.dtypes import accumulator
@@ -105,10 +104,11 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     i, j = grid.coords
     rows, cols = A.local.shape[0], B.local.shape[1]
     a_offset, b_offset = A.col_range[0], B.row_range[0]
-    product = np.zeros((rows, cols), dtype=accumulator(A.dtype))
+    xp = array_module(A.local)
+    product = xp.zeros((rows, cols), dtype=accumulator(A.dtype))
     width = max(1, min(panel, k))
-    a_buffers = [np.empty(rows * width, A.dtype) for _ in range(lookahead + 1)]
-    b_buffers = [np.empty((width, cols), A.dtype) for _ in range(lookahead + 1)]
+    a_buffers = [xp.empty(rows * width, A.dtype) for _ in range(lookahead + 1)]
+    b_buffers = [xp.empty((width, cols), A.dtype) for _ in range(lookahead + 1)]
     panels = summa_panels(k, width, grid.dims[0], grid.dims[1])
 
     sending = [[] for _ in range(lookahead + 1)]   # per buffer: broadcasts this rank is the root of
@@ -120,15 +120,15 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
         (they were posted ``d + 1`` panels ago); its new ones join ``sending``."""
         lo, hi, a_owner, b_owner = panels[index]
         slot = index % (lookahead + 1)
-        with timed(timings, "comm"):
-            MPI.Request.Waitall(sending[slot])
+        with timed(timings, "comm", xp):
+            wait_all(sending[slot])
         a = a_buffers[slot][:rows * (hi - lo)].reshape(rows, hi - lo)
         if a_owner == j:
-            with timed(timings, "compute"):
+            with timed(timings, "compute", xp):
                 a[...] = A.local[:, lo - a_offset:hi - a_offset]
         b = B.local[lo - b_offset:hi - b_offset] if b_owner == i else b_buffers[slot][:hi - lo]
         receives, sending[slot] = [], []
-        with timed(timings, "comm"):
+        with timed(timings, "comm", xp):
             for axis, buffer, root, position in ((grid.row_comm, a, a_owner, j), (grid.col_comm, b, b_owner, i)):
                 if axis.size > 1:
                     (sending[slot] if root == position else receives).append(axis.Ibcast(buffer, root=root))
@@ -139,12 +139,12 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
         if index + lookahead < len(panels):
             in_flight.append(post(index + lookahead))
         a, b, receives = in_flight.popleft()
-        with timed(timings, "comm"):
-            MPI.Request.Waitall(receives)
-        with timed(timings, "compute"):
+        with timed(timings, "comm", xp):
+            wait_all(receives)
+        with timed(timings, "compute", xp):
             accumulate_product(product, a, b)
-    with timed(timings, "comm"):
-        MPI.Request.Waitall([request for requests in sending for request in requests])
+    with timed(timings, "comm", xp):
+        wait_all([request for requests in sending for request in requests])
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
 
 
@@ -190,13 +190,14 @@ def gemm_cannon_overlap(A, B, timings=None, pieces=4):
     grid, k = A.grid, A.shape[1]
     i, j = grid.coords
     inner = max(block_counts(k, q))
-    with timed(timings, "compute"):
-        a_blocks = [np.zeros((inner, A.local.shape[0]), A.dtype) for _ in range(2)]
-        b_blocks = [np.zeros((inner, B.local.shape[1]), A.dtype) for _ in range(2)]
+    xp = array_module(A.local)
+    with timed(timings, "compute", xp):
+        a_blocks = [xp.zeros((inner, A.local.shape[0]), A.dtype) for _ in range(2)]
+        b_blocks = [xp.zeros((inner, B.local.shape[1]), A.dtype) for _ in range(2)]
         a_blocks[0][:A.local.shape[1]] = A.local.T
         b_blocks[0][:B.local.shape[0]] = B.local
-        product = np.zeros((A.local.shape[0], B.local.shape[1]), dtype=accumulator(A.dtype))
-    with timed(timings, "comm"):
+        product = xp.zeros((A.local.shape[0], B.local.shape[1]), dtype=accumulator(A.dtype))
+    with timed(timings, "comm", xp):
         shift(grid.row_comm, a_blocks[0], j, i)
         shift(grid.col_comm, b_blocks[0], i, j)
     bounds = [block_range(inner, min(pieces, inner), piece) for piece in range(min(pieces, inner))]
@@ -204,15 +205,15 @@ def gemm_cannon_overlap(A, B, timings=None, pieces=4):
         current, following = step % 2, (step + 1) % 2
         requests = []
         if step + 1 < q:
-            with timed(timings, "comm"):
+            with timed(timings, "comm", xp):
                 for axis, blocks, position in ((grid.row_comm, a_blocks, j), (grid.col_comm, b_blocks, i)):
                     requests += [axis.Irecv(blocks[following], source=(position + 1) % q),
                                  axis.Isend(blocks[current], dest=(position - 1) % q)]
         for lo, hi in bounds:
-            with timed(timings, "compute"):
+            with timed(timings, "compute", xp):
                 accumulate_product(product, a_blocks[current][lo:hi].T, b_blocks[current][lo:hi])
-            with timed(timings, "comm"):
-                MPI.Request.Testall(requests)
-        with timed(timings, "comm"):
-            MPI.Request.Waitall(requests)
+            with timed(timings, "comm", xp):
+                poll_all(requests)
+        with timed(timings, "comm", xp):
+            wait_all(requests)
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (A.shape[0], B.shape[1]), grid)

@@ -10,8 +10,7 @@ broadcast of panel t + 1 overlapping the GEMM of panel t), ``cannon``
 (`gemm_cannon`; p a perfect square), ``cannon_overlap`` (`gemm_cannon_overlap`:
 each shift overlapping a GEMM) and ``25d`` (`gemm_25d` on a q x q x c grid, c =
 ``GEMM_REPLICAS``; c | p and p / c a perfect square). See `bench.families.blas`
-for inputs, settings, metrics and backends; ``summa_lookahead`` and
-``cannon_overlap`` are host-only for now (not yet ported to the device).
+for inputs, settings, metrics and backends.
 
 Check: every entry of each rank's block of C for n <= `FULL_CHECK_N`; above, the
 entries of `SAMPLE_ROWS` rows spread over the block (first and last included),
@@ -27,7 +26,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.families.blas import (CHUNK_ROWS, GRID, NOT_PORTED, PANEL, REPLICAS, BlasCase, Cost, count_wrong,
+from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong,
                                  library_kernel, seeded_matrix, seeded_rows)
 from bench.report.model import log2_ceil
 from kernels.distmatrix import DistMatrix
@@ -47,8 +46,7 @@ class Gemm(BlasCase):
     benchmark = "gemm"
     variants = ("numpy", "cupy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "cannon", "cannon_overlap",
                 "25d")
-    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference; cupy on a GPU)",
-                          "summa_lookahead": NOT_PORTED, "cannon_overlap": NOT_PORTED}
+    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference; cupy on a GPU)"}
     device_only_variants = {"cupy": "cuBLAS on one GPU (the device library reference; numpy on the CPU)"}
     size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
     default_sizes = "256:2K"

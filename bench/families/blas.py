@@ -76,7 +76,6 @@ WORD = 8                  # the cost models count float64 words
 GRID_VARIANTS = ("2d", "summa", "summa_lookahead")
 CANNON_VARIANTS = ("cannon", "cannon_overlap")
 TF32_EPS = 2.0 ** -10     # TF32 keeps 10 of float32's 23 mantissa bits
-NOT_PORTED = "not yet ported to the device"
 
 #: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
 Cost = namedtuple("Cost", "messages words flops stream_words")

@@ -204,18 +204,13 @@ def test_25d_replica_counts_that_are_not_positive_integers_are_input_errors(comm
 
 # --- device blocks (the simulated GPU always; CuPy when a GPU is visible) ---
 
-def device_variants(comm):
-    """`multiply_by_every_variant` on ``comm`` without the variants not yet ported to the device."""
-    return [v for v in multiply_by_every_variant(comm) if "lookahead" not in v[0] and "overlap" not in v[0]]
-
-
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("size", [(7, 9, 5), (2, 3, 2), (3, 0, 2)])
 def test_every_gemm_of_device_blocks_matches_numpy(comm, device_backend, size, dtype):
     device_comm = device_backend.comm(comm)
     a, b = operands(size, dtype)
-    for name, layout, multiply in device_variants(device_comm):
+    for name, layout, multiply in multiply_by_every_variant(device_comm):
         on_device = []
 
         def multiply_on_device(host_a, host_b, timings):
