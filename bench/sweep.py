@@ -10,6 +10,7 @@ through `agree`, and any other error (inside timed work, where the other ranks
 wait in a collective) aborts the job (`bench.faults.abort_job`).
 """
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -259,7 +260,7 @@ def _measure_point(sub, case, config, backend, variant, size):
     """
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
-        timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
+        timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize)
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
         wrong = sub.allreduce(wrong) if config.check else None
     return dict(
