@@ -1,7 +1,8 @@
 """The command line: ``mlscale list | run | sweep | report``.
 
 Exit status: 0 every point measured and valid; 1 a check failed or a rank
-failed; 2 bad usage or input; 128 + N after signal N (130 for Ctrl-C); 141 when
+failed; 2 bad usage or input; 3 ``--time-limit`` stopped the sweep early (the
+measured points valid); 128 + N after signal N (130 for Ctrl-C); 141 when
 the reader of stdout went away (``mlscale list | head -1``). Errors are one line
 on stderr: from rank 0 when every rank raised it, else from the failing rank,
 which then ends the job with MPI_Abort (`bench.faults`); MLSCALE_DEBUG=1 adds
@@ -37,6 +38,7 @@ def build_parser():
     listing.add_argument("suite", nargs="?")
     run = commands.add_parser("run", help="inside mpiexec / srun: measure, print a table, append CSV")
     add_measure_options(run)
+    run.add_argument("--tty", action="store_true", help=argparse.SUPPRESS)  # `sweep` runs on a terminal
     sweep = commands.add_parser("sweep", help="from a shell: start the MPI job, then as `run`")
     add_measure_options(sweep)
     sweep.add_argument("--np", type=int, help="ranks to start (default: the largest --ranks, else the cores)")
@@ -116,39 +118,43 @@ def _first_line(case):
 
 
 def command_run(args, out, err):
+    from bench.progress import EXIT_TIME_LIMIT, Console
     from bench.sweep import RankError, run_sweep
     from bench.table import format_header, format_row
 
     comm = _mpi_world()
-    say = out if comm.rank == 0 else (lambda line: None)
+    console = Console(sys.stdout, args.tty or sys.stdout.isatty())
+    say = console.line if comm.rank == 0 else (lambda line: None)
     say_error = err if comm.rank == 0 else (lambda line: None)
     case, config = make_config(args, comm.size, comm)
     for warning in case.settings.warnings:
         say_error(f"mlscale: warning: {warning}")
+    say(f"# mlscale {case.name}: {comm.size} ranks, {config.scaling} scaling, csv {config.csv_path}")
+    say(format_header())
     rows = []
 
     def emit(row):
-        if not rows:
-            say(f"# mlscale {case.name}: {comm.size} ranks, {config.scaling} scaling, csv {config.csv_path}")
-            say(format_header())
         rows.append(row)
         say(format_row(row))
 
     try:
-        wrong = run_sweep(comm, case, config, emit)
+        wrong = run_sweep(comm, case, config, emit, console.status)
     except RankError as error:
         if comm.rank == 0:
             err(f"mlscale: error: {error}")
         return EXIT_WRONG
     for note in config.skipped:
         say(f"# {note}")
-    if comm.rank == 0 and not rows:
+    if comm.rank == 0 and not rows and not config.not_measured:
         say(f"# nothing measured: every point is already in {config.csv_path}")
+    if config.not_measured:
+        say(f"# time limit {args.time_limit}: stopped before the next point; {config.not_measured} point(s) "
+            f"not measured (run the same command again to measure them)")
     if wrong:
         if comm.rank == 0:
             err(f"mlscale: {wrong} wrong elements: a check against the serial reference failed")
         return EXIT_WRONG
-    return EXIT_OK
+    return EXIT_TIME_LIMIT if config.not_measured else EXIT_OK
 
 
 def command_sweep(args, argv):
@@ -160,7 +166,8 @@ def command_sweep(args, argv):
         raise InputError(f"--np must be >= 1, got {np_}")
     make_config(args, np_)
     forwarded = _strip_options(argv[1:], {"--np": True, "--launcher": True})
-    return run_under_mpi(np_, args.launcher, ["run"] + forwarded)
+    terminal = ["--tty"] if sys.stdout.isatty() else []  # the ranks' stdout is a pipe of the launcher
+    return run_under_mpi(np_, args.launcher, ["run"] + forwarded + terminal)
 
 
 def _strip_options(argv, options):

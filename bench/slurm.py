@@ -45,7 +45,7 @@ LAUNCHERS = ("srun", "mpiexec")
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:@+=/-]+")
 #: Measuring options forwarded to ``mlscale run`` (``--scaling`` and ``--backend`` come from the template).
 _FORWARDED = (("--variants", "variants"), ("--sizes", "sizes"), ("--ranks", "ranks"), ("--iters", "iters"),
-              ("--warmup", "warmup"), ("--threads", "threads"), ("--dtype", "dtype"))
+              ("--warmup", "warmup"), ("--threads", "threads"), ("--dtype", "dtype"), ("--time-limit", "time_limit"))
 
 
 def add_slurm_options(parser):

@@ -10,6 +10,7 @@ through `agree`, and any other error (inside timed work, where the other ranks
 wait in a collective) aborts the job (`bench.faults.abort_job`).
 """
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ from threadpoolctl import threadpool_limits
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
 from bench.faults import abort_job, describe, uninterrupted
+from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
 from bench.timing import measure
 from bench.units import format_size
@@ -52,7 +54,9 @@ class SweepConfig:
     dtype: Optional[str] = None
     check: bool = True
     variants_named: bool = False
+    time_limit: Optional[float] = None
     skipped: List[str] = field(default_factory=list)
+    not_measured: int = 0  # points left out by time_limit (set by run_sweep)
 
 
 class RankError(RuntimeError):
@@ -147,11 +151,14 @@ def sleeping_barrier(comm, interval=1e-3):
         time.sleep(interval)
 
 
-def run_sweep(comm, case, config, emit):
+def run_sweep(comm, case, config, emit, show=None):
     """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``.
 
-    Returns the total number of wrong elements found by the checks (0 when all
-    points are valid or checks are off). Every rank of ``comm`` must call this.
+    Before each point rank 0 calls ``show(line)`` with its ``[k/N]`` line and the
+    time left (`bench.progress.Progress`); when ``config.time_limit`` says the next
+    point would end past it, every rank stops there and ``config.not_measured``
+    counts the points left out. Returns the total number of wrong elements found
+    by the checks (0 when all points are valid or checks are off). Every rank of ``comm`` must call this.
     Raises an `AGREED` error on every rank together, or aborts the job when a rank
     fails alone (see the module's docstring).
     """
@@ -166,15 +173,21 @@ def run_sweep(comm, case, config, emit):
     error = comm.bcast(error, root=0)
     if error:
         raise _agreed_error(error)
+    progress = None
+    if comm.rank == 0:
+        points = [(ranks, variant, size) for ranks in sorted({r for r, _ in plan})
+                  for variant in [v for r, v in plan if r == ranks] for size in config.sizes]
+        progress = Progress(points, show or (lambda line: None), config.time_limit, size_label=format_size)
     try:
-        return _measure_plan(comm, case, config, plan, results, emit)
+        return _measure_plan(comm, case, config, plan, results, emit, progress)
     finally:
         if results is not None:
             results.close()
 
 
-def _measure_plan(comm, case, config, plan, results, emit):
-    """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count."""
+def _measure_plan(comm, case, config, plan, results, emit, progress):
+    """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count;
+    stop after the rank count where ``progress`` (rank 0's) said stop."""
     backend = agree(comm, get_backend, config.backend, comm)
     library = mpi_library()
     device = agree(comm, device_description, backend)
@@ -185,7 +198,7 @@ def _measure_plan(comm, case, config, plan, results, emit):
         if sub != MPI.COMM_NULL:
             try:
                 wrong_total += _measure_rank_count(sub, case, config, backend, results, (library, device),
-                                                   [v for r, v in plan if r == ranks], emit)
+                                                   [v for r, v in plan if r == ranks], emit, progress)
             except AGREED as error:  # raised on every rank of sub
                 failure = ("input" if isinstance(error, InputError) else "rank", str(error))
             except Exception as error:  # noqa: BLE001 - this rank alone: the others wait in a collective
@@ -194,15 +207,17 @@ def _measure_plan(comm, case, config, plan, results, emit):
             finally:
                 sub.Free()
         sleeping_barrier(comm)
-        failure = comm.bcast(failure, root=0)  # rank 0 is in every sub-communicator
+        failure, config.not_measured = comm.bcast((failure, progress.not_measured if progress else 0), root=0)
         if failure:
-            raise _agreed_error(failure)
+            raise _agreed_error(failure)  # rank 0 is in every sub-communicator
+        if config.not_measured:
+            break
     return wrong_total
 
 
-def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit):
+def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit, progress):
     """Measure every point of ``variants`` x sizes on ``sub`` (``provenance``: MPI library and device
-    of the rows); return the wrong elements found."""
+    of the rows) until ``progress`` says stop; return the wrong elements found."""
     where = placement(sub)
     if where.note and where.note not in config.skipped:
         config.skipped.append(where.note)
@@ -217,9 +232,15 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
                 scaling=config.scaling, size=size, size_unit=case.size_unit, settings=settings,
             )
             if sub.bcast(results is not None and point_key(base) in results.done, root=0):
+                if progress:
+                    progress.passed()
                 continue
+            if not sub.bcast(progress and progress.begin(), root=0):
+                return wrong_total
             with threadpool_limits(limits=threads):
                 row = _measure_point(sub, case, config, backend, variant, size)
+            if progress:
+                progress.finish()
             wrong_total += row["wrong"] or 0
             row.update(base, mpi_library=provenance[0], device=provenance[1], host=socket.gethostname())
             agree(sub, _record, results, row, emit)
@@ -265,7 +286,7 @@ def _measure_point(sub, case, config, backend, variant, size):
     peak = DevicePeak(backend)
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
-        timing = measure(sub, lambda: case.run(state), iters, warmup, backend.synchronize)
+        timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize)
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
         wrong = sub.allreduce(wrong) if config.check else None
     if peak.on_device:

@@ -119,3 +119,15 @@ class CheckFailsEverywhere(_Tiny):
 
     def teardown(self, comm):
         self.torn_down.append(comm.size)
+
+
+class SlowSetup(_Tiny):
+    """Every point spends at least `SECONDS` in set-up: a sweep of several points outlasts a short --time-limit."""
+
+    SECONDS = 1.0
+
+    def setup(self, comm, size, variant, backend, dtype):
+        import time
+
+        time.sleep(self.SECONDS)
+        return comm
