@@ -90,8 +90,17 @@ def _views(buffer, tokens, shape):
     return tuple(buffer[index * size:(index + 1) * size].reshape(heads, tokens, dim) for index in range(2))
 
 
-def _send_piece(comm, array, first, last, dest):
-    """``Isend`` tokens ``[first, last)`` of a contiguous (heads, tokens, dim) array, in place (vector datatype)."""
+def _send_piece(comm, array, first, last, dest, kept):
+    """``Isend`` tokens ``[first, last)`` of a contiguous (heads, tokens, dim) array.
+
+    Host arrays are sent in place (vector datatype). A device array sends a
+    contiguous copy of the piece, appended to ``kept`` until the send completes:
+    staging then copies the piece alone, not the array's tail for every piece.
+    """
+    xp = array_module(array)
+    if xp is not np:
+        kept.append(xp.ascontiguousarray(array[:, first:last]))
+        return comm.Isend(kept[-1], dest, KV_TAG)
     heads, tokens, dim = array.shape
     piece = dtlib.from_numpy_dtype(array.dtype).Create_vector(heads, (last - first) * dim, tokens * dim).Commit()
     request = comm.Isend([array.reshape(-1)[first * dim:], 1, piece], dest, KV_TAG)
@@ -122,14 +131,14 @@ def _circulate(comm, k, v, spans, stats, piece):
     Blocks that must be passed on arrive whole during the previous step (two
     alternating buffers); the last block, which is not passed on, comes in
     pieces of ``piece`` tokens, each in flight while the one before is computed.
-    Own ``k, v`` and forwarded blocks are sent in place.
+    Own ``k, v`` and forwarded blocks are sent in place (the pieces of device arrays as copies).
     """
     size, rank = comm.size, comm.rank
     left, right = (rank - 1) % size, (rank + 1) % size
     buffers = [_pair_buffer(k, max(map(span_length, spans))) for _ in range(min(size - 2, 2))]
     last_pieces = split_spans(spans[right], piece) if size > 1 else []
     piece_buffers = [_pair_buffer(k, piece) for _ in range(min(len(last_pieces), 2))]
-    block, sent, posted = (k, v), [], []
+    block, sent, posted, kept = (k, v), [], [], []
     for step in range(size - 1):
         owner, requests = (rank - step) % size, []
         if step < size - 2:
@@ -137,7 +146,7 @@ def _circulate(comm, k, v, spans, stats, piece):
             requests = [comm.Irecv(array, left, KV_TAG) for array in incoming]
             requests += [comm.Isend(array, right, KV_TAG) for array in block]
         else:
-            sent = [_send_piece(comm, array, first, last, right)
+            sent = [_send_piece(comm, array, first, last, right, kept)
                     for first, last, _ in split_spans(spans[owner], piece) for array in block]
             if last_pieces:
                 posted = _receive_piece(comm, piece_buffers[0], last_pieces[0], k.shape)

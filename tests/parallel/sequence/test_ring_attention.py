@@ -128,3 +128,24 @@ def test_strided_shards_are_accepted(comm):
     out, lse = ring_attention_forward(comm, *(array[::2] for array in wide), seq, zigzag=True, tiles=(2, 2))
     expected_out, expected_lse = attention_forward(q, k, v)
     assert worst(comm, [(out, expected_out[:, mine]), (lse, expected_lse[:, mine])], relative=False) < 1e-12
+
+
+@pytest.mark.mpi(min_size=2)
+def test_device_pieces_stage_only_what_they_send(comm, device_backend, monkeypatch):
+    """On a staging device the last block's pieces are copied alone: bytes staged for sends = bytes sent."""
+    staged, host_buffer = [], device_backend.host_buffer
+
+    def recording(array, copy):
+        if copy:
+            staged.append(array.nbytes)
+        return host_buffer(array, copy)
+
+    monkeypatch.setattr(device_backend, "host_buffer", recording)
+    seq = 23
+    q, k, v, _ = global_problem(seq, seed=5)
+    mine = sequence_positions(seq, comm.size, comm.rank)
+    local = [device_backend.from_host(np.ascontiguousarray(array[:, mine])) for array in (q, k, v)]
+    stats = AttentionStats()
+    ring_attention_forward(device_backend.comm(comm), *local, seq, stats=stats, tiles=(3, PIECE))
+    expected = stats.bytes_sent if not device_backend.device_buffers_to_mpi else 0
+    assert comm.allreduce(int(sum(staged) != expected)) == 0
