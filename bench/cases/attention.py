@@ -36,6 +36,11 @@ rank and run, and peak memory per rank in MB (1e6 bytes) = the rank's input
 arrays plus the ``tracemalloc`` peak (NumPy reports its buffers to it) of the
 point's first run, which the harness never times (warm-up or its probe run);
 MPI's own buffers are not included.
+
+Backends: on a device the tokens are drawn on the host and moved once, the
+parallel variants run on ``backend.comm(comm)``, and the results come to the host
+only in the check. ``tracemalloc`` sees host allocations only, so there the peak
+memory is the inputs plus the host side of the run (params ``memory`` says so).
 """
 import math
 import tracemalloc
@@ -102,6 +107,7 @@ def layout(variant, seq_len, ranks, rank):
 @dataclass
 class _State:
     comm: object
+    backend: object
     variant: str
     dtype: str
     size: int
@@ -164,14 +170,12 @@ class Attention(Case):
         return (10, 2) if size <= 2048 else (5, 1) if size <= 8192 else (3, 1)
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError(f"suite attention runs on the numpy backend only, not {backend.name!r}")
         if size < 1:
             raise InputError(f"attention: the sequence needs at least one token, got {size}")
         self.check_ranks(comm.size, variant)
         spans = layout(variant, size, comm.size, comm.rank)
-        tokens = draw_tokens(spans, self.config["heads"], self.config["dim"], dtype)
-        return _State(comm, variant, dtype, size, dict(self.config), spans, tokens)
+        tokens = backend.from_host(draw_tokens(spans, self.config["heads"], self.config["dim"], dtype))
+        return _State(backend.comm(comm), backend, variant, dtype, size, dict(self.config), spans, tokens)
 
     def run(self, state):
         """One pass; the first one (never timed by the harness) measures peak memory, then counters restart."""
@@ -198,8 +202,9 @@ class Attention(Case):
         """Wrong elements on this rank's sampled rows (collective when the backward pass is on)."""
         positions = np.concatenate([np.arange(*span) for span in state.spans] + [np.arange(0)])
         rows = _sample(len(positions))
-        gathered = [_gather_tokens(state, array) for array in state.result[:2]] if state.settings["backward"] else []
-        pairs = _reference_pairs(state, rows, positions[rows], gathered) if len(rows) else []
+        result = [state.backend.to_host(array) for array in state.result]
+        gathered = [_gather_tokens(state, array) for array in result[:2]] if state.settings["backward"] else []
+        pairs = _reference_pairs(state, result, rows, positions[rows], gathered) if len(rows) else []
         return sum(_count_wrong(actual, expected, TOLERANCES[state.dtype]) for actual, expected in pairs)
 
     def metrics(self, state, seconds):
@@ -220,7 +225,8 @@ class Attention(Case):
         return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(n), metric=metric, metric_value=value)
 
     def params(self, state):
-        return dict(state.settings, memory="inputs + tracemalloc peak of the first run",
+        host_only = " (host allocations only)" if state.backend.name != "numpy" else ""
+        return dict(state.settings, memory="inputs + tracemalloc peak of the first run" + host_only,
                     **state.summary)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
@@ -236,14 +242,14 @@ class Attention(Case):
         return run + tiles + (reference if check else 0)
 
 
-def _reference_pairs(state, rows, positions, gathered):
-    """``(result, reference)`` pairs of the local ``rows`` at global ``positions``.
+def _reference_pairs(state, result, rows, positions, gathered):
+    """``(result, reference)`` pairs of the local ``rows`` at global ``positions`` (``result``: the run's, on the host).
 
     O, lse and dQ of the rows come from the dense reference of those query rows
     against all keys; dK and dV of the rows (as keys) from all queries, with
     ``gathered`` = O and lse of all queries from the run.
     """
-    settings, result = state.settings, state.result
+    settings = state.settings
     causal = settings["causal"]
     q_all, k_all, v_all, dout_all = draw_tokens([(0, state.size)], settings["heads"], settings["dim"],
                                                 state.dtype).astype(np.float64)
@@ -272,7 +278,7 @@ def _count_wrong(actual, expected, rtol):
 
 
 def _gather_tokens(state, local):
-    """All ``n`` tokens of a (heads, tokens[, dim]) array spread as the variant lays them out (float64)."""
+    """All ``n`` tokens of a host (heads, tokens[, dim]) array spread as the variant lays them out (float64)."""
     comm = state.comm
     moved = np.ascontiguousarray(np.moveaxis(local, 1, 0), dtype=np.float64)
     spans = [layout(state.variant, state.size, comm.size, rank) for rank in range(comm.size)]

@@ -29,6 +29,11 @@ images, else the (up to) 16 x 16 blocks at its four corners, which read every
 kind of halo. When the image has at most `FULL_CHECK_ELEMENTS` elements the serial
 convolution runs on the whole image and the weight and bias gradients (summed
 over the grid) are compared too.
+
+Backends: on a device the tiles, parameters and buffers are device arrays (the
+inputs hashed on the host, then moved once), the grid is built from
+``backend.comm(comm)``; results come to the host only in the check. ``subarray``
+packing there needs a CUDA-aware MPI (`InputError` otherwise).
 """
 import itertools
 import math
@@ -100,6 +105,7 @@ def hashed_values(stream, shape, rows, cols, dtype):
 @dataclass
 class _State:
     comm: object
+    backend: object
     dtype: str
     size: int
     settings: dict
@@ -136,60 +142,68 @@ class HaloConv(Case):
         return (10, 2) if size >= 1024 else (20, 3)
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError("suite 'conv' runs on the numpy backend only")
         settings = read_settings(self.settings)
         channels, kernel, batch = settings["channels"], settings["kernel"], settings["batch"]
-        grid = ProcessGrid(comm)
+        grid = ProcessGrid(backend.comm(comm))
         layout = TileLayout.blocks(size, size, grid.dims)
         serial = Conv2d(channels, channels, kernel, 1, conv_padding("same", kernel), rng=SEED, dtype=dtype)
-        conv = HaloConv2d(serial, grid, layout, overlap=variant.endswith("_overlap"), method=settings["packing"])
+        try:
+            conv = HaloConv2d(serial.to(backend), grid, layout, overlap=variant.endswith("_overlap"),
+                              method=settings["packing"])
+        except InputError:
+            grid.free()
+            raise
         shape = (batch, channels, size, size)
         (r0, r1), (c0, c1) = layout.ranges(grid.coords)
-        x = hashed_values(INPUT_STREAM, shape, (r0, r1), (c0, c1), dtype)
+        x = backend.from_host(hashed_values(INPUT_STREAM, shape, (r0, r1), (c0, c1), dtype))
         backward = variant.startswith("forward_backward")
-        dy = hashed_values(GRADIENT_STREAM, shape, (r0, r1), (c0, c1), dtype) if backward else None
+        dy = backend.from_host(hashed_values(GRADIENT_STREAM, shape, (r0, r1), (c0, c1), dtype)) if backward else None
         halo_bytes = comm.allreduce(conv.exchange.halo_bytes(batch, channels, np.dtype(dtype).itemsize), op=MPI.MAX)
-        return _State(comm, dtype, size, settings, backward, conv, x, dy, halo_bytes)
+        return _State(comm, backend, dtype, size, settings, backward, conv, x, dy, halo_bytes)
 
     def run(self, state):
         start = MPI.Wtime()
         state.y = state.conv.forward(state.x)
         if state.backward:
             state.dx = state.conv.backward(state.dy)
+        state.backend.synchronize()
         state.run_seconds += MPI.Wtime() - start
 
     def check(self, state):
         shape = (state.settings["batch"], state.settings["channels"], state.size, state.size)
         tile = state.conv.in_layout.ranges(state.conv.grid.coords)
+        to_host = state.backend.to_host
+        results = [to_host(state.y), to_host(state.dx) if state.backward else None]
         if math.prod(shape) <= FULL_CHECK_ELEMENTS:
-            return self._full_check(state, shape, tile)
+            return self._full_check(state, results, shape, tile)
         corners = itertools.product(*(_end_spans(lo, hi) for lo, hi in tile))
-        return sum(self._window_check(state, shape, tile, region) for region in corners)
+        return sum(self._window_check(state, results, shape, tile, region) for region in corners)
 
     def _serial(self, state):
         conv = state.conv.conv
         out_channels, in_channels, kernel = conv.params["weight"].shape[:3]
         serial = Conv2d(in_channels, out_channels, kernel, 1, 0, rng=SEED, dtype=state.dtype)
-        serial.params["weight"][...] = conv.params["weight"]
-        serial.params["bias"][...] = conv.params["bias"]
+        serial.params["weight"][...] = state.backend.to_host(conv.params["weight"])
+        serial.params["bias"][...] = state.backend.to_host(conv.params["bias"])
         return serial
 
-    def _full_check(self, state, shape, tile):
-        """Serial convolution of the whole image, padded here: compare tiles, dW and db."""
+    def _full_check(self, state, results, shape, tile):
+        """Serial convolution of the whole image, padded here: compare tiles (``results``: y, dx on the
+        host), dW and db."""
         pad = state.conv.conv.padding
         serial = self._serial(state)
         y = serial.forward(hashed_values(INPUT_STREAM, shape, (-pad, shape[2] + pad), (-pad, shape[3] + pad),
                                          state.dtype))
         (r0, r1), (c0, c1) = tile
-        wrong = _wrong(state.y, y[:, :, r0:r1, c0:c1], state.dtype)
+        wrong = _wrong(results[0], y[:, :, r0:r1, c0:c1], state.dtype)
         if state.backward:
             dx = serial.backward(hashed_values(GRADIENT_STREAM, shape, (0, shape[2]), (0, shape[3]), state.dtype))
-            wrong += _wrong(state.dx, dx[:, :, pad + r0:pad + r1, pad + c0:pad + c1], state.dtype)
-            wrong += sum(_wrong(state.conv.grads[name], serial.grads[name], state.dtype) for name in serial.grads)
+            wrong += _wrong(results[1], dx[:, :, pad + r0:pad + r1, pad + c0:pad + c1], state.dtype)
+            wrong += sum(_wrong(state.backend.to_host(state.conv.grads[name]), serial.grads[name], state.dtype)
+                         for name in serial.grads)
         return wrong
 
-    def _window_check(self, state, shape, tile, region):
+    def _window_check(self, state, results, shape, tile, region):
         """Serial convolution of the window around ``region`` (global rows, cols): compare y (and dx)."""
         pad = state.conv.conv.padding
         reach = 2 * pad if state.backward else pad
@@ -199,12 +213,12 @@ class HaloConv(Case):
                                          state.dtype))
         margin = reach - pad
         local = tuple(slice(lo - start, hi - start) for (lo, hi), (start, _) in zip(region, tile))
-        wrong = _wrong(state.y[(Ellipsis,) + local], y[:, :, margin:margin + r1 - r0, margin:margin + c1 - c0],
+        wrong = _wrong(results[0][(Ellipsis,) + local], y[:, :, margin:margin + r1 - r0, margin:margin + c1 - c0],
                        state.dtype)
         if state.backward:
             dx = serial.backward(hashed_values(GRADIENT_STREAM, shape, (r0 - pad, r1 + pad), (c0 - pad, c1 + pad),
                                                state.dtype))
-            wrong += _wrong(state.dx[(Ellipsis,) + local], dx[:, :, reach:reach + r1 - r0, reach:reach + c1 - c0],
+            wrong += _wrong(results[1][(Ellipsis,) + local], dx[:, :, reach:reach + r1 - r0, reach:reach + c1 - c0],
                             state.dtype)
         return wrong
 

@@ -7,10 +7,19 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
+
+
+def _on_host(array):
+    """``array`` as a NumPy array (a copy of a device array; host arrays and scalars as they are)."""
+    xp = array_module(array)
+    return array if xp is np else xp.asnumpy(array)
+
 
 def count_wrong(actual, expected, rtol):
     """Elements of ``actual`` outside ``rtol`` of ``expected`` (atol ``rtol * max |expected|``); a shape mismatch
-    counts every element."""
+    counts every element. Either may be a device array (compared on the host)."""
+    actual, expected = _on_host(actual), _on_host(expected)
     if np.shape(actual) != np.shape(expected):
         return int(max(np.size(actual), np.size(expected)))
     atol = rtol * float(np.max(np.abs(expected), initial=0.0))
@@ -35,13 +44,15 @@ class MeasuredState:
     peak_bytes: Optional[int] = None
     result: tuple = ()
     summary: dict = field(default_factory=dict)
+    #: The point's `kernels.backend.Backend` (None: NumPy); a timed pass ends with its ``synchronize``.
+    backend: object = None
 
 
 def run_forward_backward(state):
     """One forward and backward pass of ``state.model`` on this rank's tokens, results in ``state.result``.
 
     The first call (never timed by the harness) measures peak memory: parameter,
-    gradient and input bytes plus the tracemalloc peak; then the model's
+    gradient and input bytes plus the tracemalloc peak (host allocations only); then the model's
     communication counter (if any) restarts, so that per-run figures cover the later runs.
     """
     model = state.model
@@ -61,6 +72,8 @@ def run_forward_backward(state):
         return
     start = MPI.Wtime()
     work()
+    if state.backend is not None:
+        state.backend.synchronize()
     state.run_seconds += MPI.Wtime() - start
     state.runs += 1
 

@@ -10,9 +10,16 @@ message). One domain-parallel training step is then `parallel.nn.models.train_st
 on the parallel model with this rank's tile of the batch
 (``layout.tile(x, grid.coords)``) and all the labels: losses, gradients and updated
 weights equal the serial step's up to rounding.
+
+Devices: move the serial model first (``model.to(backend)``), build the grid from
+`kernels.backend.Backend.comm`, and feed device tiles; every layer then computes
+with its inputs' array module (gathers staged by the `kernels.device_comm.DeviceComm`).
 """
+import math
+
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.spatial.halo_conv import HaloConv2d
 from parallel.spatial.halo_exchange import DEFAULT_PACKING
@@ -39,11 +46,12 @@ class GatherFlatten(Layer):
         batch, channels = x.shape[:2]
         if x.shape[2:] != self.layout.tile_shape(self.grid.coords):
             raise InputError(f"GatherFlatten: tile of shape {x.shape} does not match the layout")
-        counts = [batch * channels * int(np.prod(self.layout.tile_shape(c))) for c in self.rank_coords]
+        counts = [batch * channels * math.prod(self.layout.tile_shape(c)) for c in self.rank_coords]
         displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-        gathered = np.empty(sum(counts), x.dtype)
-        self.grid.cart.Allgatherv(np.ascontiguousarray(x), [gathered, (counts, displacements)])
-        whole = np.empty((batch, channels, self.layout.height, self.layout.width), x.dtype)
+        xp = array_module(x)
+        gathered = xp.empty(sum(counts), x.dtype)
+        self.grid.cart.Allgatherv(xp.ascontiguousarray(x), [gathered, (counts, displacements)])
+        whole = xp.empty((batch, channels, self.layout.height, self.layout.width), x.dtype)
         for coords, start, count in zip(self.rank_coords, displacements, counts):
             tile = self.layout.tile(whole, coords)
             tile[...] = gathered[start:start + count].reshape(tile.shape)

@@ -10,11 +10,14 @@ the grid with one ``Allreduce``. With ``overlap=True`` the interior outputs (tho
 whose window needs no halo) are computed while the halos are in flight, the
 border after; backward does the border first so that the halo gradients can leave
 early.
-"""
-import numpy as np
-from mpi4py import MPI
-from numpy.lib.stride_tricks import sliding_window_view
 
+Devices: move the serial layer first (``conv.to(backend)``, or `HaloConv2d.to`)
+and build the grid from `kernels.backend.Backend.comm`; buffers, patch matrices
+and the gradient sum are then device arrays of the parameters' module.
+"""
+from mpi4py import MPI
+
+from kernels.backend import array_module
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.spatial.halo_exchange import DEFAULT_PACKING, HaloExchange
@@ -44,7 +47,7 @@ def patch_matrix(x, kernel, stride):
     comes out channel-major, ready for NCHW.
     """
     batch, channels = x.shape[:2]
-    windows = sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    windows = array_module(x).lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
     out_h, out_w = windows.shape[2:4]
     return windows.transpose(1, 4, 5, 0, 2, 3).reshape(channels * kernel[0] * kernel[1], batch * out_h * out_w)
 
@@ -101,8 +104,15 @@ class HaloConv2d(Layer):
         self.out_shape = self.out_layout.tile_shape(grid.coords)
         self._input = self._grad = None
 
+    def to(self, backend):
+        """Move the serial layer's parameters and gradients (which this layer shares) to ``backend``."""
+        self.conv.to(backend)
+        self.params, self.grads = self.conv.params, self.conv.grads
+        self._input = self._grad = None
+        return self
+
     def _check(self, array, channels, shape, what):
-        array = np.asarray(array, dtype=self.conv.dtype)
+        array = array_module(self.conv.params["weight"]).asarray(array, dtype=self.conv.dtype)
         if array.ndim != 4 or array.shape[1] != channels or array.shape[2:] != shape:
             raise InputError(f"HaloConv2d: expected {what} tile (batch, {channels}, {shape[0]}, {shape[1]}), "
                              f"got {array.shape}")
@@ -110,7 +120,9 @@ class HaloConv2d(Layer):
 
     def _buffer(self, current, batch):
         shape = self.exchange.buffer_shape(batch, self.conv.params["weight"].shape[1])
-        return current if current is not None and current.shape == shape else np.zeros(shape, self.conv.dtype)
+        if current is not None and current.shape == shape:
+            return current
+        return array_module(self.conv.params["weight"]).zeros(shape, self.conv.dtype)
 
     def _regions(self):
         """``(interior pieces, border regions)``: global output ranges ``((r0, r1), (c0, c1))``."""
@@ -163,7 +175,7 @@ class HaloConv2d(Layer):
         x = self._check(x, weight.shape[1], self.in_shape, "input")
         self._input = self._buffer(self._input, x.shape[0])
         self._input[(Ellipsis,) + self.exchange.tile_region] = x
-        y = np.empty((x.shape[0], weight.shape[0]) + self.out_shape, self.conv.dtype)
+        y = array_module(weight).empty((x.shape[0], weight.shape[0]) + self.out_shape, self.conv.dtype)
         self._run(self._input, False, lambda region, progress: self._forward_region(y, region, progress))
         return y
 
@@ -183,11 +195,12 @@ class HaloConv2d(Layer):
         dy = self._check(dy, weight.shape[0], self.out_shape, "output gradient")
         self._grad = self._buffer(self._grad, dy.shape[0])
         self._grad.fill(0)
-        local = np.zeros(weight.size + weight.shape[0], self.conv.dtype)
+        xp = array_module(weight)
+        local = xp.zeros(weight.size + weight.shape[0], self.conv.dtype)
         dweight = local[:weight.size].reshape(weight.shape[0], -1)
         self._run(self._grad, True, lambda region, progress: self._backward_region(dy, dweight, region, progress))
-        np.sum(dy, axis=(0, 2, 3), out=local[weight.size:])
-        total = np.empty_like(local)
+        dy.sum(axis=(0, 2, 3), out=local[weight.size:])
+        total = xp.empty_like(local)
         self.grid.cart.Allreduce(local, total, op=MPI.SUM)
         self.grads["weight"][...] = total[:weight.size].reshape(weight.shape)
         self.grads["bias"][...] = total[weight.size:]

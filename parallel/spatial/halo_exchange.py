@@ -9,11 +9,18 @@ rows included, which carries the corners). Each phase posts ``Irecv`` and
 neighbours, or more when tiles are thinner than the halo). The reverse exchange
 (backward pass) sends halo contributions back along axis 1, then axis 0, and the
 owners add them.
+
+Devices: on a grid made from `kernels.backend.Backend.comm` the buffer and the
+packed halos are device arrays of the buffer's module; the `kernels.device_comm.DeviceComm`
+synchronises (and stages) every message, and requests complete through
+`kernels.device_comm.wait_all` / `poll_all`. Subarray datatypes need a
+CUDA-aware MPI there: a staged receive would copy the whole buffer back.
 """
-import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from kernels.backend import array_module
+from kernels.device_comm import DeviceComm, poll_all, wait_all
 from kernels.errors import InputError
 from parallel.spatial.tile_layout import plan_axis
 
@@ -35,46 +42,47 @@ class _Phase:
     ``(rows, cols)`` slices. In reverse the roles swap and received data is added.
     """
 
-    def __init__(self, comm, sends, recvs, shape, dtype, method, reverse):
+    def __init__(self, comm, sends, recvs, shape, dtype, method, reverse, xp):
         if reverse:
             sends, recvs = recvs, sends
         self.comm, self.reverse = comm, reverse
-        self.sends = [(peer, region, self._describe(region, shape, dtype, method)) for peer, region in sends]
+        self.sends = [(peer, region, self._describe(region, shape, dtype, method, xp)) for peer, region in sends]
         receive_method = "packed" if reverse else method
-        self.recvs = [(peer, region, self._describe(region, shape, dtype, receive_method)) for peer, region in recvs]
+        self.recvs = [(peer, region, self._describe(region, shape, dtype, receive_method, xp))
+                      for peer, region in recvs]
 
     @staticmethod
-    def _describe(region, shape, dtype, method):
-        """A contiguous array of the region's shape ("packed"), or a committed subarray datatype."""
+    def _describe(region, shape, dtype, method, xp):
+        """A contiguous ``xp`` array of the region's shape ("packed"), or a committed subarray datatype."""
         sub = shape[:2] + tuple(piece.stop - piece.start for piece in region)
         if method == "packed":
-            return np.empty(sub, dtype)
+            return xp.empty(sub, dtype)
         starts = [0, 0] + [piece.start for piece in region]
         return from_numpy_dtype(dtype).Create_subarray(list(shape), list(sub), starts).Commit()
 
     def start(self, buffer):
         requests = [self.comm.Irecv(self._message(buffer, spec), peer, HALO_TAG) for peer, _, spec in self.recvs]
         for peer, region, spec in self.sends:
-            if isinstance(spec, np.ndarray):
-                np.copyto(spec, buffer[(Ellipsis,) + region])
+            if not isinstance(spec, MPI.Datatype):
+                spec[...] = buffer[(Ellipsis,) + region]
             requests.append(self.comm.Isend(self._message(buffer, spec), peer, HALO_TAG))
         return requests
 
     def complete(self, buffer, requests):
-        MPI.Request.Waitall(requests)
+        wait_all(requests)
         for _, region, spec in self.recvs:
             if self.reverse:
                 buffer[(Ellipsis,) + region] += spec
-            elif isinstance(spec, np.ndarray):
+            elif not isinstance(spec, MPI.Datatype):
                 buffer[(Ellipsis,) + region] = spec
 
     @staticmethod
     def _message(buffer, spec):
-        return spec if isinstance(spec, np.ndarray) else [buffer, 1, spec]
+        return [buffer, 1, spec] if isinstance(spec, MPI.Datatype) else spec
 
     def free(self):
         for _, _, spec in self.sends + self.recvs:
-            if not isinstance(spec, np.ndarray):
+            if isinstance(spec, MPI.Datatype):
                 spec.Free()
 
 
@@ -111,7 +119,7 @@ class Exchange:
             self._timed(self._test)
 
     def _test(self):
-        self._arrived = MPI.Request.Testall(self._requests)
+        self._arrived = poll_all(self._requests)
 
     def finish(self):
         """Complete every remaining phase."""
@@ -139,7 +147,8 @@ class HaloExchange:
     stride, padding : int
         Stride and zero padding of both axes, ``2 * padding <= min(kernel) - 1``.
     method : str
-        One of `PACKING_METHODS`.
+        One of `PACKING_METHODS`; "subarray" on a staging `kernels.device_comm.DeviceComm`
+        (device, MPI not CUDA-aware) is an `InputError`.
 
     Attributes
     ----------
@@ -154,6 +163,9 @@ class HaloExchange:
             raise InputError(f"unknown packing method {method!r}; choose from {', '.join(PACKING_METHODS)}")
         if tuple(grid.dims) != layout.dims:
             raise InputError(f"layout for a {layout.dims} grid used on a {grid.dims} grid")
+        if method == "subarray" and isinstance(grid.cart, DeviceComm) and not grid.cart.backend.device_buffers_to_mpi:
+            raise InputError("halo packing 'subarray' on a device needs a CUDA-aware MPI (MLSCALE_CUDA_AWARE=1): "
+                             "a staged receive would copy the whole tile back; use 'packed'")
         self.grid, self.method, self.seconds = grid, method, 0.0
         self.out_layout = out = layout.conv_output(kernel, stride, padding)
         self.rows, self.cols = (plan_axis(bounds, out_bounds, index, k, stride, padding)
@@ -179,16 +191,18 @@ class HaloExchange:
     def start(self, buffer, reverse=False):
         """Start filling ``buffer``'s halos from the owners (or, ``reverse``, adding them back); return the `Exchange`.
 
-        ``buffer`` has `buffer_shape` and is C-contiguous; forward, its tile must be
-        filled; reverse, its halo regions hold the contributions to send back.
+        ``buffer`` has `buffer_shape` and is C-contiguous (NumPy, or a device array
+        on a device grid); forward, its tile must be filled; reverse, its halo
+        regions hold the contributions to send back.
         """
         if buffer.ndim != 4 or buffer.shape[2:] != (self.rows.extent, self.cols.extent) or \
                 not buffer.flags.c_contiguous:
             raise InputError(f"halo exchange: need a C-contiguous buffer of shape {self.buffer_shape('n', 'c')}, "
                              f"got {buffer.shape}")
-        key = (buffer.shape, buffer.dtype.str, reverse)
+        xp = array_module(buffer)
+        key = (buffer.shape, buffer.dtype.str, reverse, xp.__name__)
         if key not in self._phases:
-            self._phases[key] = [_Phase(comm, sends, recvs, buffer.shape, buffer.dtype, self.method, reverse)
+            self._phases[key] = [_Phase(comm, sends, recvs, buffer.shape, buffer.dtype, self.method, reverse, xp)
                                  for comm, (sends, recvs) in self._phase_regions()]
         phases = self._phases[key]
         return Exchange(self, buffer, reversed(phases) if reverse else phases)

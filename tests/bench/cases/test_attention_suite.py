@@ -91,3 +91,20 @@ def test_bad_sizes_and_backends():
     case.check_ranks(4, "ulysses")
     with pytest.raises(InputError, match="divisible"):
         case.check_ranks(3, "ulysses")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("causal", ["0", "1"])
+@pytest.mark.parametrize("variant", Attention.variants)
+def test_every_variant_runs_and_checks_on_the_device(comm, monkeypatch, device_backend, variant, causal):
+    """Setup, run, check on device arrays (23 tokens: uneven shards; 12 heads divide by 1-4 ranks)."""
+    for name, value in dict(BACKWARD="1", CAUSAL=causal, HEADS="12", DIM="4", TILE="5", KEY_TILE="7").items():
+        monkeypatch.setenv(f"MLSCALE_ATTN_{name}", value)
+    case = Attention()
+    state = case.setup(comm, 23, variant, device_backend, "float64")
+    case.run(state)
+    case.run(state)
+    on_device = all(device_backend.is_device_array(array) for array in state.result)
+    assert len(state.result) == 5 and comm.allreduce(int(on_device)) == comm.size
+    assert comm.allreduce(case.check(state)) == 0
+    assert case.metrics(state, 1.0).items_per_s == 23

@@ -86,8 +86,27 @@ def test_check_counts_a_corrupted_output(monkeypatch, size, variant):
     case.teardown(state)
 
 
-def test_cupy_backend_is_refused():
-    from types import SimpleNamespace
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("variant", HaloConv.variants)
+def test_every_variant_runs_and_checks_on_the_device(comm, monkeypatch, device_backend, variant, dtype):
+    """Setup, run, check on device arrays (uneven tiles: 11 pixels over the grid); results stay on the device."""
+    monkeypatch.setenv("MLSCALE_CONV_CHANNELS", "2")
+    monkeypatch.setenv("MLSCALE_CONV_BATCH", "2")
+    case = HaloConv()
+    state = case.setup(comm, 11, variant, device_backend, dtype)
+    case.run(state)
+    case.run(state)
+    outputs = [state.y] + ([state.dx] if state.backward else [])
+    on_device = all(device_backend.is_device_array(array) for array in outputs)
+    assert comm.allreduce(case.check(state)) == 0 and comm.allreduce(int(on_device)) == comm.size
+    case.teardown(state)
 
-    with pytest.raises(InputError, match="numpy"):
-        HaloConv().setup(MPI.COMM_SELF, 8, "forward", SimpleNamespace(name="cupy"), "float32")
+
+@pytest.mark.mpi(min_size=1)
+def test_subarray_packing_on_a_staging_device_is_an_input_error(comm, monkeypatch, device_backend):
+    if device_backend.device_buffers_to_mpi:
+        pytest.skip("a CUDA-aware MPI takes subarray datatypes on device buffers")
+    monkeypatch.setenv("MLSCALE_CONV_PACKING", "subarray")
+    with pytest.raises(InputError, match="CUDA-aware"):
+        HaloConv().setup(comm, 11, "forward", device_backend, "float64")
