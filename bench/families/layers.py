@@ -35,6 +35,7 @@ class MeasuredState:
     peak_bytes: Optional[int] = None
     result: tuple = ()
     summary: dict = field(default_factory=dict)
+    backend: object = None  #: a device backend moves the results to the host for the check (``to_host``)
 
 
 def run_forward_backward(state):

@@ -32,8 +32,9 @@ Timeline (`Pipeline.timeline`, last step)
     unequal stages cost): `parallel.pipeline.schedule.bubble_fraction`, ``idle_fraction``.
 
 Device arrays (CuPy)
-    A stage whose parameters are device arrays runs on the device (their array
-    module, `kernels.backend.array_module`): received activations and gradients,
+    A stage on a device communicator (``backend.comm(comm)``, a
+    `kernels.device_comm.DeviceComm`) runs on the device, as does one whose
+    parameters are device arrays (`kernels.backend.array_module`): received activations and gradients,
     the gradient sum and the saved micro-batch state stay in device memory; pass
     ``backend.comm(comm)`` (and ``data_comm``) so that every send synchronises the
     stream first and is staged through host memory without a CUDA-aware MPI. Sends
@@ -49,7 +50,7 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import poll_all, wait_all
+from kernels.device_comm import DeviceComm, poll_all, wait_all
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.pipeline.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
@@ -86,7 +87,7 @@ class Pipeline(GradientStep):
     Attributes
     ----------
     xp : module
-        The array module of the stage's parameters (NumPy, or CuPy on the device).
+        NumPy, or the device module (CuPy) on a device communicator or with device parameters.
     input_shape, output_shape : tuple of int
         Per-sample shapes of what this stage receives and sends forward.
     actions : list of (str, int)
@@ -117,8 +118,10 @@ class Pipeline(GradientStep):
         self.micro_batches, self.dtype = int(micro_batches), np.dtype(dtype)
         self.actions = stage_schedule(schedule, self.stages, self.stage, self.micro_batches)
         self._pairs = [pair for layer in self.layers for pair in layer.parameters()]
-        self.xp = array_module(*(param for param, _ in self._pairs))
-        self._grad_sum = flatten_arrays([grad for _, grad in self._pairs])
+        # A device communicator puts the stage on the device even when it holds no parameter (a lone ReLU).
+        self.xp = comm.backend.xp if isinstance(comm, DeviceComm) else array_module(*(p for p, _ in self._pairs))
+        self._grad_sum = flatten_arrays([grad for _, grad in self._pairs]) if self._pairs else \
+            self.xp.zeros(0, self.dtype)
         self._grad_views = unflatten_vector(self._grad_sum, [grad.shape for _, grad in self._pairs])
         self.input_shape, self.output_shape = self._probe_shapes(tuple(input_shape))
         self._activations_in = None if self.first else Inbox(comm, self.stage - 1, _FORWARD_TAG,
