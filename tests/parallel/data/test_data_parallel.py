@@ -193,3 +193,25 @@ def test_rank_without_samples_and_global_batch_size_found_by_allreduce(comm):
     serial.backward(dlogits)
     expected = np.concatenate([grad.ravel() for _, grad in serial.parameters()])
     assert on_all_ranks(comm, relative_error(trainer.flat_grads, expected) <= 1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("options", [
+    dict(allreduce="mpi", overlap=True, bucket_bytes=SMALL_BUCKET, micro_batches=2),
+    dict(allreduce="ring", precision="bfloat16"),
+    dict(allreduce="mpi", precision="bfloat16", compute="bfloat16", bucket_bytes=SMALL_BUCKET),
+    dict(allreduce="recursive_doubling", compute="float16", micro_batches=3),
+])
+def test_device_trainer_takes_the_host_trainers_steps(comm, device_backend, options):
+    """Every exchange on the simulated device (staged, the hand-written ones as a whole call) equals the host."""
+    dtype = np.float32 if "compute" in options else np.float64
+    host = DataParallelTrainer(comm, tiny_mlp(3, dtype), **options)
+    device = DataParallelTrainer(device_backend.comm(comm), tiny_mlp(3, dtype).to(device_backend), **options)
+    host_sgd, device_sgd = SGD(host.parameters(), 0.1, 0.9), SGD(device.parameters(), 0.1, 0.9)
+    for x, y in batches((6,), dtype):
+        mine = shard(comm, len(x))
+        host.train_step(host_sgd, x[mine], y[mine], batch_size=len(x))
+        device.train_step(device_sgd, device_backend.from_host(x[mine]), device_backend.from_host(y[mine]),
+                          batch_size=len(x))
+    assert on_all_ranks(comm, device_backend.is_device_array(device.flat_params) and
+                        np.array_equal(device_backend.to_host(device.flat_params), host.flat_params))
