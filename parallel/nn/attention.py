@@ -10,7 +10,9 @@ independent problems). Per head, with ``c = 1 / sqrt(dim)``::
 
 Exponents are always max-subtracted (``S - m`` or ``S - lse`` is <= 0), so scores
 of any magnitude are safe; ``lse`` has shape ``(heads, seq)``. A query that sees no
-key at all gets ``O = 0`` and ``lse = -inf``.
+key at all gets ``O = 0`` and ``lse = -inf``. Every function computes with the
+array module of its inputs (`kernels.backend.array_module`): device arrays in,
+device arrays out, scratch and causal masks made on the device.
 
 The blockwise kernels work on *spans*: a rank's tokens are a list of global,
 increasing, half-open ranges ``(start, stop)`` stored one after another along the
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 
 #: Score tile of the blockwise kernels: (query rows, keys).
@@ -47,11 +50,14 @@ class AttentionStats:
 
 
 def check_qkv(q, k, v):
-    """Raise `InputError` unless ``q, k, v`` are finite float (heads, seq, dim) arrays that fit together."""
+    """Raise `InputError` unless ``q, k, v`` are finite float (heads, seq, dim) arrays that fit together
+    (all in host memory, or all on one device)."""
+    xp = array_module(q, k, v)
     for name, array in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(array, np.ndarray) or array.ndim != 3 or array.dtype.kind != "f":
-            raise InputError(f"attention: {name} must be a float NumPy array of shape (heads, seq, dim)")
-        if not np.isfinite(array).all():
+        if not isinstance(array, xp.ndarray) or array.ndim != 3 or array.dtype.kind != "f":
+            raise InputError(f"attention: {name} must be a float array of shape (heads, seq, dim), "
+                             f"in the memory of the others ({xp.__name__})")
+        if not xp.isfinite(array).all():
             raise InputError(f"attention: {name} holds NaN or infinite values")
     if k.shape != v.shape or q.shape[::2] != k.shape[::2] or not q.dtype == k.dtype == v.dtype:
         raise InputError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} need equal heads, dim and dtype, "
@@ -60,17 +66,23 @@ def check_qkv(q, k, v):
 
 def _masked_scores(q, k, causal, q_positions, k_positions):
     """Dense scores ``c Q K^T`` of shape (heads, nq, nk), -inf where the causal mask hides a key."""
-    scores = np.matmul(q, k.transpose(0, 2, 1)) / math.sqrt(q.shape[-1])
+    xp = array_module(q)
+    scores = xp.matmul(q, k.transpose(0, 2, 1)) / math.sqrt(q.shape[-1])
     if causal:
-        q_pos = np.arange(q.shape[1]) if q_positions is None else np.asarray(q_positions)
-        k_pos = np.arange(k.shape[1]) if k_positions is None else np.asarray(k_positions)
-        scores[:, k_pos[None, :] > q_pos[:, None]] = -np.inf
+        q_pos = xp.arange(q.shape[1]) if q_positions is None else xp.asarray(q_positions)
+        k_pos = xp.arange(k.shape[1]) if k_positions is None else xp.asarray(k_positions)
+        scores += _mask_bias(xp, k_pos[None, :] > q_pos[:, None], scores.dtype)
     return scores
 
 
-def _finite_or(values, fill):
+def _mask_bias(xp, hidden, dtype):
+    """-inf where ``hidden``, 0 elsewhere: added to scores, it masks them (scores are finite)."""
+    return xp.where(hidden, -np.inf, 0.0).astype(dtype)
+
+
+def _finite_or(xp, values, fill):
     """``values`` with -inf replaced by ``fill`` (rows that see no key)."""
-    return np.where(np.isneginf(values), fill, values)
+    return xp.where(values == -np.inf, fill, values)
 
 
 def attention_forward(q, k, v, causal=False, q_positions=None, k_positions=None):
@@ -81,14 +93,15 @@ def attention_forward(q, k, v, causal=False, q_positions=None, k_positions=None)
     Holds the (heads, nq, nk) scores: for tests and row-wise checks.
     """
     check_qkv(q, k, v)
+    xp = array_module(q)
     scores = _masked_scores(q, k, causal, q_positions, k_positions)
-    row_max = scores.max(axis=-1, initial=-np.inf)
-    weights = np.exp(scores - _finite_or(row_max, 0.0)[..., None])
+    row_max = scores.max(axis=-1) if k.shape[1] else xp.full(scores.shape[:-1], -np.inf, dtype=scores.dtype)
+    weights = xp.exp(scores - _finite_or(xp, row_max, 0.0)[..., None])
     total = weights.sum(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.matmul(weights, v) / total[..., None]
-        lse = row_max + np.log(total)
-    return np.where(total[..., None] > 0, out, 0.0), lse
+        out = xp.matmul(weights, v) / total[..., None]
+        lse = row_max + xp.log(total)
+    return xp.where(total[..., None] > 0, out, 0.0), lse
 
 
 def attention_backward(q, k, v, out, lse, dout, causal=False, q_positions=None, k_positions=None):
@@ -99,16 +112,18 @@ def attention_backward(q, k, v, out, lse, dout, causal=False, q_positions=None, 
     ``dK, dV`` rows and the part of ``dQ`` that comes from them.
     """
     check_qkv(q, k, v)
-    weights = np.exp(_masked_scores(q, k, causal, q_positions, k_positions) - _finite_or(lse, np.inf)[..., None])
-    dscores = weights * (np.matmul(dout, v.transpose(0, 2, 1)) - output_delta(out, dout)[..., None])
+    xp = array_module(q)
+    scores = _masked_scores(q, k, causal, q_positions, k_positions)
+    weights = xp.exp(scores - _finite_or(xp, lse, np.inf)[..., None])
+    dscores = weights * (xp.matmul(dout, v.transpose(0, 2, 1)) - output_delta(out, dout)[..., None])
     scale = 1.0 / math.sqrt(q.shape[-1])
-    return (scale * np.matmul(dscores, k), scale * np.matmul(dscores.transpose(0, 2, 1), q),
-            np.matmul(weights.transpose(0, 2, 1), dout))
+    return (scale * xp.matmul(dscores, k), scale * xp.matmul(dscores.transpose(0, 2, 1), q),
+            xp.matmul(weights.transpose(0, 2, 1), dout))
 
 
 def output_delta(out, dout):
     """``D = rowsum(dO * O)`` of shape (heads, seq), the softmax term of the backward pass."""
-    return np.einsum("hnd,hnd->hn", dout, out)
+    return array_module(out).einsum("hnd,hnd->hn", dout, out)
 
 
 def span_length(spans):
@@ -133,12 +148,13 @@ def split_spans(spans, size):
     return pieces
 
 
-def _work(q_spans, k_spans, causal, tiles):
+def _work(q_spans, k_spans, causal, tiles, xp, dtype):
     """Yield ``(columns, rows, masks)`` for every (query tile, key tile) pair with something to compute.
 
     ``rows`` / ``columns`` slice the local queries and keys (under a causal mask
     only the keys the tile can see, a prefix of the key tile since key spans
-    increase); ``masks`` are the `_causal_masks` relative to ``columns``.
+    increase); ``masks`` are the `_causal_masks` relative to ``columns``, arrays
+    of module ``xp`` and type ``dtype``.
     """
     query_rows, key_columns = tiles
     for key_first, _, tile_spans in split_spans(k_spans, key_columns):
@@ -150,42 +166,43 @@ def _work(q_spans, k_spans, causal, tiles):
                 if causal:
                     keys = sum(min(max(last - low, 0), high - low) for low, high in tile_spans)
                 if keys:
-                    masks = _causal_masks(first, last, tile_spans) if causal else []
+                    masks = _causal_masks(first, last, tile_spans, xp, dtype) if causal else []
                     yield (slice(key_first, key_first + keys), slice(local + first - start, local + last - start),
                            masks)
             local += stop - start
 
 
-def _causal_masks(first, stop, k_spans):
-    """``(column slice, mask)`` pairs hiding keys after the query in a tile of queries ``[first, stop)``."""
+def _causal_masks(first, stop, k_spans, xp, dtype):
+    """``(column slice, bias)`` pairs hiding keys after the query in a tile of queries ``[first, stop)``:
+    ``bias`` is -inf on the hidden (query, key) pairs and 0 elsewhere, added to the scores."""
     masks, offset = [], 0
     for ks, ke in k_spans:
         low, high = max(ks, first + 1), min(ke, stop)
         if low < high:
             shift = low - first - 1
-            mask = np.arange(high - low)[None, :] + shift >= np.arange(stop - first)[:, None]
-            masks.append((slice(offset + low - ks, offset + high - ks), mask))
+            hidden = xp.arange(high - low)[None, :] + shift >= xp.arange(stop - first)[:, None]
+            masks.append((slice(offset + low - ks, offset + high - ks), _mask_bias(xp, hidden, dtype)))
         offset += ke - ks
     return masks
 
 
-def _scores(scratch, q_tile, k_prefix, masks):
+def _scores(xp, scratch, q_tile, k_prefix, masks):
     """Scores of a query tile (already scaled) against a key prefix, in ``scratch``, masked."""
     scores = scratch[:q_tile.shape[0] * k_prefix.shape[0]].reshape(q_tile.shape[0], k_prefix.shape[0])
-    np.matmul(q_tile, k_prefix.T, out=scores)
-    for columns, mask in masks:
-        np.copyto(scores[:, columns], -np.inf, where=mask)
+    xp.matmul(q_tile, k_prefix.T, out=scores)
+    for columns, bias in masks:
+        scores[:, columns] += bias
     return scores
 
 
-def _merge(out, lse, partial, row_max, total):
+def _merge(xp, out, lse, partial, row_max, total):
     """Merge an unnormalised block result ``partial = sum_j exp(S_ij - m_i) v_j`` into (out, lse)."""
     with np.errstate(divide="ignore"):
-        block_lse = _finite_or(row_max, 0.0) + np.log(total)
-    merged = np.logaddexp(lse, block_lse)
-    reference = _finite_or(merged, 0.0)
-    out *= np.exp(lse - reference)[:, None]
-    out += partial * np.exp(row_max - reference)[:, None]
+        block_lse = _finite_or(xp, row_max, 0.0) + xp.log(total)
+    merged = xp.logaddexp(lse, block_lse)
+    reference = _finite_or(xp, merged, 0.0)
+    out *= xp.exp(lse - reference)[:, None]
+    out += partial * xp.exp(row_max - reference)[:, None]
     lse[...] = merged
 
 
@@ -200,14 +217,15 @@ def attend_block(q, k, v, out, lse, q_spans, k_spans, causal=False, stats=None, 
     started = time.perf_counter()
     heads, _, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
-    scratch = np.empty(min(tiles[0], q.shape[1]) * min(tiles[1], k.shape[1]), dtype=q.dtype)
-    for columns, rows, masks in _work(q_spans, k_spans, causal, tiles):
+    xp = array_module(q)
+    scratch = xp.empty(min(tiles[0], q.shape[1]) * min(tiles[1], k.shape[1]), dtype=q.dtype)
+    for columns, rows, masks in _work(q_spans, k_spans, causal, tiles, xp, q.dtype):
         for head in range(heads):
-            scores = _scores(scratch, q[head, rows] * scale, k[head, columns], masks)
+            scores = _scores(xp, scratch, q[head, rows] * scale, k[head, columns], masks)
             row_max = scores.max(axis=1)
-            scores -= _finite_or(row_max, 0.0)[:, None]
-            np.exp(scores, out=scores)
-            _merge(out[head, rows], lse[head, rows], scores @ v[head, columns], row_max, scores.sum(axis=1))
+            scores -= _finite_or(xp, row_max, 0.0)[:, None]
+            xp.exp(scores, out=scores)
+            _merge(xp, out[head, rows], lse[head, rows], scores @ v[head, columns], row_max, scores.sum(axis=1))
     if stats is not None:
         stats.compute_s += time.perf_counter() - started
 
@@ -224,16 +242,17 @@ def attend_block_backward(q, k, v, lse, dout, delta, q_spans, k_spans, grads, ca
     dq, dk, dv = grads
     heads, _, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
-    scratch = np.empty((2, min(tiles[0], q.shape[1]) * min(tiles[1], k.shape[1])), dtype=q.dtype)
-    shift = _finite_or(lse, np.inf)
-    for columns, rows, masks in _work(q_spans, k_spans, causal, tiles):
+    xp = array_module(q)
+    scratch = xp.empty((2, min(tiles[0], q.shape[1]) * min(tiles[1], k.shape[1])), dtype=q.dtype)
+    shift = _finite_or(xp, lse, np.inf)
+    for columns, rows, masks in _work(q_spans, k_spans, causal, tiles, xp, q.dtype):
         for head in range(heads):
             q_tile, do_tile = q[head, rows] * scale, dout[head, rows]
-            weights = _scores(scratch[0], q_tile, k[head, columns], masks)
+            weights = _scores(xp, scratch[0], q_tile, k[head, columns], masks)
             weights -= shift[head, rows, None]
-            np.exp(weights, out=weights)
+            xp.exp(weights, out=weights)
             dv[head, columns] += weights.T @ do_tile
-            dscores = _scores(scratch[1], do_tile, v[head, columns], [])
+            dscores = _scores(xp, scratch[1], do_tile, v[head, columns], [])
             dscores -= delta[head, rows, None]
             dscores *= weights
             dq[head, rows] += (dscores @ k[head, columns]) * scale
@@ -245,7 +264,8 @@ def attend_block_backward(q, k, v, lse, dout, delta, q_spans, k_spans, grads, ca
 def blockwise_attention_forward(q, k, v, causal=False, stats=None, tiles=TILES):
     """Serial attention in score tiles (one tile of scratch beyond the arrays): ``(O, lse)``."""
     check_qkv(q, k, v)
-    out, lse = np.zeros_like(q), np.full(q.shape[:2], -np.inf, dtype=q.dtype)
+    xp = array_module(q)
+    out, lse = xp.zeros_like(q), xp.full(q.shape[:2], -np.inf, dtype=q.dtype)
     attend_block(q, k, v, out, lse, [(0, q.shape[1])], [(0, k.shape[1])], causal, stats, tiles)
     return out, lse
 
@@ -253,7 +273,8 @@ def blockwise_attention_forward(q, k, v, causal=False, stats=None, tiles=TILES):
 def blockwise_attention_backward(q, k, v, lse, dout, delta, causal=False, stats=None, tiles=TILES):
     """Serial backward in score tiles: ``(dQ, dK, dV)`` given ``dO``, ``lse`` and ``delta = output_delta(O, dO)``."""
     check_qkv(q, k, v)
-    grads = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    xp = array_module(q)
+    grads = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
     attend_block_backward(q, k, v, lse, dout, delta, [(0, q.shape[1])], [(0, k.shape[1])], grads, causal, stats,
                           tiles)
     return grads

@@ -2,11 +2,14 @@
 
 Same contract as `parallel.nn.layers` (``forward`` keeps what backward needs,
 ``backward`` writes the gradients in place and returns ``dx``). Images are NCHW:
-``(batch, channels, height, width)``.
+``(batch, channels, height, width)``. Every function computes with the array
+module of its inputs (`kernels.backend.array_module`), so images and weights on
+a device stay there: im2col is a strided view (``lib.stride_tricks.sliding_window_view``,
+in NumPy and CuPy alike) copied once into the patch matrix.
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.nn.layers import Layer, he_normal
 
@@ -19,7 +22,7 @@ def im2col(x, kernel, stride):
     ``i`` at ``(p * stride, q * stride)`` in ``(c, kh, kw)`` order; ``ho = (h - kh) // stride + 1``.
     """
     n, channels = x.shape[:2]
-    windows = sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    windows = array_module(x).lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
     out_h, out_w = windows.shape[2:4]
     return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * out_h * out_w, channels * kernel[0] * kernel[1])
 
@@ -34,7 +37,7 @@ def col2im(cols, x_shape, kernel, stride):
     n, channels, height, width = x_shape
     out_h, out_w = (height - kernel[0]) // stride + 1, (width - kernel[1]) // stride + 1
     patches = cols.reshape(n, out_h, out_w, channels, kernel[0], kernel[1]).transpose(0, 3, 4, 5, 1, 2)
-    dx = np.zeros(x_shape, dtype=cols.dtype)
+    dx = array_module(cols).zeros(x_shape, dtype=cols.dtype)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             dx[:, :, i:i + stride * out_h:stride, j:j + stride * out_w:stride] += patches[:, :, i, j]
@@ -76,14 +79,15 @@ class Conv2d(Layer):
                          bias=np.zeros(out_channels, dtype=dtype))
 
     def forward(self, x):
-        x = np.asarray(x, dtype=self.dtype)
         weight = self.params["weight"]
+        xp = array_module(weight)
+        x = xp.asarray(x, dtype=self.dtype)
         pad = self.padding
         if x.ndim != 4 or x.shape[1] != weight.shape[1] or \
                 min(x.shape[2] + 2 * pad - self.kernel[0], x.shape[3] + 2 * pad - self.kernel[1]) < 0:
             raise InputError(f"Conv2d: expected input (batch, {weight.shape[1]}, h, w) with padded h, w "
                              f">= kernel {self.kernel}, got {x.shape} and padding {pad}")
-        padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
+        padded = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
         self._padded_shape = padded.shape
         self._cols = im2col(padded, self.kernel, self.stride)
         n = x.shape[0]
@@ -95,8 +99,8 @@ class Conv2d(Layer):
     def backward(self, dy):
         weight = self.params["weight"]
         dy_rows = dy.transpose(0, 2, 3, 1).reshape(-1, weight.shape[0])
-        np.matmul(dy_rows.T, self._cols, out=self.grads["weight"].reshape(weight.shape[0], -1))
-        np.sum(dy_rows, axis=0, out=self.grads["bias"])
+        array_module(dy).matmul(dy_rows.T, self._cols, out=self.grads["weight"].reshape(weight.shape[0], -1))
+        dy_rows.sum(axis=0, out=self.grads["bias"])
         dx = col2im(dy_rows @ weight.reshape(weight.shape[0], -1), self._padded_shape, self.kernel, self.stride)
         pad = self.padding
         return dx[:, :, pad:dx.shape[2] - pad, pad:dx.shape[3] - pad] if pad else dx
@@ -107,7 +111,8 @@ class MaxPool2d(Layer):
 
     Rows and columns that do not fill a whole window are dropped (output size
     ``h // k``). Backward routes each output gradient to the position of its
-    window's maximum (the first one on ties); all other inputs get zero.
+    window's maximum (the first one on ties); all other inputs get zero (also
+    where ``dy`` is NaN elsewhere in the window).
     """
 
     def __init__(self, kernel_size):
@@ -129,15 +134,15 @@ class MaxPool2d(Layer):
             raise InputError(f"MaxPool2d: expected NCHW input with h, w >= {self.k}, got {x.shape}")
         self._x_shape = x.shape
         windows = self._windows(x)
-        self._argmax = np.argmax(windows, axis=-1)[..., None]
-        return np.take_along_axis(windows, self._argmax, axis=-1)[..., 0]
+        self._argmax = windows.argmax(axis=-1)[..., None]
+        return array_module(x).take_along_axis(windows, self._argmax, axis=-1)[..., 0]
 
     def backward(self, dy):
         n, channels, out_h, out_w = dy.shape
         k = self.k
-        routed = np.zeros((n, channels, out_h, out_w, k * k), dtype=dy.dtype)
-        np.put_along_axis(routed, self._argmax, dy[..., None], axis=-1)
-        dx = np.zeros(self._x_shape, dtype=dy.dtype)
+        xp = array_module(dy)
+        routed = xp.where(xp.arange(k * k) == self._argmax, dy[..., None], 0)
+        dx = xp.zeros(self._x_shape, dtype=dy.dtype)
         dx[:, :, :out_h * k, :out_w * k] = routed.reshape(n, channels, out_h, out_w, k, k).transpose(
             0, 1, 2, 4, 3, 5).reshape(n, channels, out_h * k, out_w * k)
         return dx

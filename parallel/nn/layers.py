@@ -8,9 +8,19 @@ be views into one contiguous buffer (see `parallel.nn.models.flat_storage`) that
 data parallelism allreduces in one message. Parameters are initialised from a
 seed with ``numpy.random.default_rng`` (He normal, zero biases). Convolution and
 pooling live in `parallel.nn.conv`.
+
+Devices: a model is always built on the host (the seeded NumPy generator gives
+the same weights whatever the backend), then moved once with ``model.to(backend)``
+(`Layer.to`, a `kernels.backend.Backend`), before `parallel.nn.models.flat_storage`
+and before the optimiser is built. From then on its parameters and gradients are
+device arrays, and every layer computes with the array module of its inputs
+(`kernels.backend.array_module`): one code path for NumPy and CuPy. Inputs must
+be in the same memory as the parameters (move a batch once with
+``backend.from_host``).
 """
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 
 
@@ -32,7 +42,19 @@ class Layer:
     def _set_params(self, **arrays):
         """Own ``arrays`` as parameters (in the given order) with zeroed gradients."""
         self.params = dict(arrays)
-        self.grads = {name: np.zeros_like(value) for name, value in self.params.items()}
+        self.grads = {name: array_module(value).zeros_like(value) for name, value in self.params.items()}
+
+    def to(self, backend):
+        """Move the parameters and gradients of every leaf into ``backend``'s memory; return ``self``.
+
+        Values are kept (``backend.from_host``; arrays already there stay as they
+        are). Call it once, on the host-built model, before `flat_storage` and the
+        optimiser (they hold references to the arrays).
+        """
+        for layer in self.leaves():
+            layer.params = {name: backend.from_host(value) for name, value in layer.params.items()}
+            layer.grads = {name: backend.from_host(value) for name, value in layer.grads.items()}
+        return self
 
     def leaves(self):
         """Return the layers that own parameter storage: ``[self]`` for a plain layer."""
@@ -66,29 +88,29 @@ class Linear(Layer):
                          bias=np.zeros(out_features, dtype=dtype))
 
     def forward(self, x):
-        x = np.asarray(x, dtype=self.dtype)
         weight = self.params["weight"]
+        x = array_module(weight).asarray(x, dtype=self.dtype)
         if x.ndim != 2 or x.shape[1] != weight.shape[0]:
             raise InputError(f"Linear: expected input of shape (batch, {weight.shape[0]}), got {x.shape}")
         self._x = x
         return x @ weight + self.params["bias"]
 
     def backward(self, dy):
-        np.matmul(self._x.T, dy, out=self.grads["weight"])
-        np.sum(dy, axis=0, out=self.grads["bias"])
+        array_module(dy).matmul(self._x.T, dy, out=self.grads["weight"])
+        dy.sum(axis=0, out=self.grads["bias"])
         return dy @ self.params["weight"].T
 
 
 class ReLU(Layer):
     """Elementwise ``max(x, 0)``; the gradient passes where ``x > 0``.
 
-    Arithmetic forms (``np.maximum``, ``dy * mask``): vectorised and about 10-20x
+    Arithmetic forms (``maximum``, ``dy * mask``): vectorised and about 10-20x
     faster than ``np.where`` with a scalar; NaNs in ``x`` pass through.
     """
 
     def forward(self, x):
         self._mask = x > 0
-        return np.maximum(x, 0)
+        return array_module(x).maximum(x, 0)
 
     def backward(self, dy):
         return dy * self._mask
@@ -158,9 +180,12 @@ def softmax_cross_entropy(logits, labels, batch_size=None):
     Returns
     -------
     loss : float
+        Read back to the host (on a device: one scalar copy, besides the label check's).
     dlogits : ndarray, shape (n, classes), dtype of logits
+        In the memory of ``logits``.
     """
-    labels = np.asarray(labels)
+    xp = array_module(logits)
+    labels = xp.asarray(labels)
     n, classes = logits.shape
     if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) or \
             (n and (labels.min() < 0 or labels.max() >= classes)):
@@ -168,10 +193,10 @@ def softmax_cross_entropy(logits, labels, batch_size=None):
                          f"got {labels.dtype} labels of shape {labels.shape}")
     batch_size = n if batch_size is None else batch_size
     shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
+    exp = xp.exp(shifted)
     sums = exp.sum(axis=1, keepdims=True)
-    rows = np.arange(n)
-    loss = float(np.sum(np.log(sums[:, 0]) - shifted[rows, labels])) / batch_size
+    rows = xp.arange(n)
+    loss = float((xp.log(sums[:, 0]) - shifted[rows, labels]).sum()) / batch_size
     dlogits = exp / sums
     dlogits[rows, labels] -= 1
     dlogits /= batch_size

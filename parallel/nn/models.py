@@ -4,9 +4,14 @@ The flat buffers are what data parallelism communicates: `flat_storage` moves ev
 parameter and gradient of a model into two contiguous vectors (the layers keep
 views into them), so one ``Allreduce`` on the gradient vector reduces the whole
 model and one optimiser update over ``[(flat_params, flat_grads)]`` updates it.
+
+On a device: build a model here (on the host, from its seed), move it once with
+``model.to(backend)`` (`parallel.nn.layers.Layer.to`), then call `flat_storage`;
+the flat vectors are then device arrays, as are `predict`'s results.
 """
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.nn.conv import Conv2d, MaxPool2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential
@@ -101,22 +106,22 @@ def train_step(model, loss, optimizer, x, y):
 
 
 def predict(model, x, batch_size=1000):
-    """Return the predicted class (argmax of the logits) of every row of ``x``, in batches."""
-    return np.concatenate([np.argmax(model.forward(x[start:start + batch_size]), axis=1)
-                           for start in range(0, len(x), batch_size)])
+    """Return the predicted class (argmax of the logits) of every row of ``x``, in batches (in ``x``'s memory)."""
+    return array_module(x).concatenate([model.forward(x[start:start + batch_size]).argmax(axis=1)
+                                        for start in range(0, len(x), batch_size)])
 
 
 def accuracy(model, x, y, batch_size=1000):
     """Return the fraction of ``x`` whose predicted class equals the label in ``y``."""
     if len(x) != len(y) or len(x) == 0:
         raise InputError(f"accuracy: need as many labels as (>= 1) inputs, got {len(x)} and {len(y)}")
-    return float(np.mean(predict(model, x, batch_size) == np.asarray(y)))
+    return float((predict(model, x, batch_size) == array_module(x).asarray(y)).mean())
 
 
 def flatten_arrays(arrays):
     """Return a new contiguous 1-D vector holding the ravelled ``arrays`` one after another."""
-    arrays = [np.ravel(array) for array in arrays]
-    return np.concatenate(arrays) if arrays else np.zeros(0)
+    arrays = [array.ravel() for array in arrays]
+    return array_module(*arrays).concatenate(arrays) if arrays else np.zeros(0)
 
 
 def unflatten_vector(vector, shapes):

@@ -5,9 +5,13 @@ allreduced gradient, so its state (SGD's velocity, Adam's two moments) is
 replicated: no communication, and ``k`` state vectors of the full parameter
 count on every rank (sharding it, ZeRO stage 1, would save memory for an
 allgather of the updated parameters; not built).
-"""
-import numpy as np
 
+The state lives where the parameters do (device arrays for a model moved with
+`parallel.nn.layers.Layer.to`); every update is array arithmetic in place.
+"""
+import math
+
+from kernels.backend import array_module
 from kernels.errors import InputError
 
 
@@ -40,7 +44,7 @@ class SGD:
                              f"{lr}, {momentum}, {weight_decay}")
         self.pairs = list(pairs)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.velocities = [np.zeros_like(param) for param, _ in self.pairs] if momentum else None
+        self.velocities = [array_module(param).zeros_like(param) for param, _ in self.pairs] if momentum else None
 
     def step(self):
         """Apply one update to every parameter from its current gradient."""
@@ -93,24 +97,24 @@ class Adam:
                              f"{lr}, {beta1}, {beta2}, {eps}, {weight_decay}")
         self.pairs = list(pairs)
         self.lr, self.beta1, self.beta2, self.eps, self.weight_decay = lr, beta1, beta2, eps, weight_decay
-        self.first = [np.zeros_like(param) for param, _ in self.pairs]
-        self.second = [np.zeros_like(param) for param, _ in self.pairs]
+        self.first = [array_module(param).zeros_like(param) for param, _ in self.pairs]
+        self.second = [array_module(param).zeros_like(param) for param, _ in self.pairs]
         self.steps = 0
 
     def step(self):
         """Apply one update to every parameter from its current gradient."""
         self.steps += 1
         first_correction = 1 - self.beta1 ** self.steps
-        root_second_correction = np.sqrt(1 - self.beta2 ** self.steps)
+        root_second_correction = math.sqrt(1 - self.beta2 ** self.steps)
         for (param, grad), first, second in zip(self.pairs, self.first, self.second):
             if self.weight_decay:
                 grad = grad + self.weight_decay * param
             first *= self.beta1
             first += (1 - self.beta1) * grad
             second *= self.beta2
-            second += (1 - self.beta2) * np.square(grad)
+            second += (1 - self.beta2) * (grad * grad)
             # lr m_hat / (sqrt(v_hat) + eps) = (lr / c1) m / (sqrt(v) / sqrt(c2) + eps)
-            denominator = np.sqrt(second)
+            denominator = array_module(second).sqrt(second)
             denominator /= root_second_correction
             denominator += self.eps
             param -= (self.lr / first_correction) * first / denominator

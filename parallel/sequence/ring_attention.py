@@ -32,11 +32,18 @@ array and ``c`` pieces per block: forward ``2(p - 2) + 2c`` messages (``p > 1``)
 compute; backward the same for K / V plus ``p`` accumulator
 messages of ``2 b`` bytes (dK and dV of the block at hand, received before its
 step's compute and sent on after it, so they arrive home after ``p`` steps).
+
+Devices: with device arrays and ``comm`` from `kernels.backend.Backend.comm`, the
+buffers are allocated on the device and every transfer is synchronised (and
+staged) by the `kernels.device_comm.DeviceComm`; requests complete through
+`kernels.device_comm.wait_all`, which also copies staged receives to the device.
 """
 from mpi4py import MPI
 from mpi4py.util import dtlib
 import numpy as np
 
+from kernels.backend import array_module
+from kernels.device_comm import wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.attention import (TILES, attend_block, attend_block_backward, check_qkv, output_delta, span_length,
@@ -67,12 +74,13 @@ def _layout(comm, q, k, v, seq_len, zigzag):
     if q.shape[1] != local or k.shape[1] != local:
         raise InputError(f"ring attention: rank {comm.rank} holds {local} of {seq_len} tokens, "
                          f"got q {q.shape} and k {k.shape}")
-    return spans, np.ascontiguousarray(k), np.ascontiguousarray(v)
+    xp = array_module(q)
+    return spans, xp.ascontiguousarray(k), xp.ascontiguousarray(v)
 
 
 def _pair_buffer(like, tokens):
     """An empty flat buffer for two (heads, tokens, dim) arrays shaped like ``like`` otherwise."""
-    return np.empty(2 * like.shape[0] * tokens * like.shape[2], dtype=like.dtype)
+    return array_module(like).empty(2 * like.shape[0] * tokens * like.shape[2], dtype=like.dtype)
 
 
 def _views(buffer, tokens, shape):
@@ -100,7 +108,7 @@ def _receive_piece(comm, buffer, piece, shape):
 def _receive_pieces(comm, pieces, k, posted, buffers):
     """Yield the parts of the last block as its pieces arrive; the next one is in flight meanwhile."""
     for index, (first, last, piece_spans) in enumerate(pieces):
-        MPI.Request.Waitall(posted)
+        wait_all(posted)
         k_piece, v_piece = _views(buffers[index % 2], last - first, k.shape)
         if index + 1 < len(pieces):
             posted = _receive_piece(comm, buffers[(index + 1) % 2], pieces[index + 1], k.shape)
@@ -137,14 +145,14 @@ def _circulate(comm, k, v, spans, stats, piece):
             stats.messages += 2 if step < size - 2 else len(sent)
             stats.bytes_sent += block[0].nbytes + block[1].nbytes
         yield owner, [(0, block[0].shape[1], spans[owner], block[0], block[1])]
-        MPI.Request.Waitall(requests)
+        wait_all(requests)
         if requests:
             block = incoming
     if size == 1:
         yield rank, [(0, k.shape[1], spans[rank], k, v)]
     else:
         yield right, _receive_pieces(comm, last_pieces, k, posted, piece_buffers)
-    MPI.Request.Waitall(sent)
+    wait_all(sent)
 
 
 def ring_attention_forward(comm, q, k, v, seq_len, causal=False, zigzag=False, stats=None, tiles=TILES):
@@ -154,8 +162,9 @@ def ring_attention_forward(comm, q, k, v, seq_len, causal=False, zigzag=False, s
     ----------
     comm : MPI.Comm
         The ranks sharing the sequence; all call this together.
-    q, k, v : numpy.ndarray
-        This rank's shard, (heads, n_r, dim), tokens as `sequence_spans` lays them out.
+    q, k, v : ndarray
+        This rank's shard, (heads, n_r, dim), tokens as `sequence_spans` lays them out
+        (NumPy, or device arrays with ``comm`` from `kernels.backend.Backend.comm`).
     seq_len : int
         Global sequence length ``n``.
     causal : bool
@@ -168,7 +177,8 @@ def ring_attention_forward(comm, q, k, v, seq_len, causal=False, zigzag=False, s
         Query rows and keys per score tile; the keys are also the piece size of the last block.
     """
     spans, k, v = _layout(comm, q, k, v, seq_len, zigzag)
-    out, lse = np.zeros_like(q), np.full(q.shape[:2], -np.inf, dtype=q.dtype)
+    xp = array_module(q)
+    out, lse = xp.zeros_like(q), xp.full(q.shape[:2], -np.inf, dtype=q.dtype)
     for _, parts in _circulate(comm, k, v, spans, stats, tiles[1]):
         for _, _, part_spans, k_part, v_part in parts:
             attend_block(q, k_part, v_part, out, lse, spans[comm.rank], part_spans, causal, stats, tiles)
@@ -186,7 +196,7 @@ def ring_attention_backward(comm, q, k, v, out, lse, dout, seq_len, causal=False
     """
     spans, k, v = _layout(comm, q, k, v, seq_len, zigzag)
     size, rank = comm.size, comm.rank
-    delta, dq = output_delta(out, dout), np.zeros_like(q)
+    delta, dq = output_delta(out, dout), array_module(q).zeros_like(q)
     accumulators = [_pair_buffer(k, max(map(span_length, spans))) for _ in range(min(size, 2))]
     sends = [MPI.REQUEST_NULL, MPI.REQUEST_NULL]
     for step, (owner, parts) in enumerate(_circulate(comm, k, v, spans, stats, tiles[1])):

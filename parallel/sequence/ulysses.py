@@ -14,16 +14,20 @@ group: ``heads / p`` rows of ``width`` numbers, ``seq`` rows apart) read the
 Local shapes: ``q, k, v, O, dO, dQ, dK, dV`` are (heads, n_r, dim), ``lse``
 (heads, n_r). Memory per rank: those plus the head-group copies (heads / p, n,
 dim) of the exchanged arrays (as much as the shards: ``O(n / p)``) and one or
-two score tiles of `parallel.nn.attention`.
+two score tiles of `parallel.nn.attention`. Device arrays work with ``comm`` from
+`kernels.backend.Backend.comm` (head groups allocated on the device; each exchange
+synchronised, and staged when MPI is not CUDA-aware).
 Costs per rank with ``b = 8 heads n_r dim`` bytes (float64) per array, each
 ``Alltoallv`` sending ``(p - 1) / p`` of it in ``p - 1`` messages: forward 3 arrays
 in and ``O`` plus ``lse`` out, ``4 (p - 1) b / p`` bytes; backward ``q, k, v, dO`` and
 ``lse, D`` in, ``dQ, dK, dV`` out, ``7 (p - 1) b / p`` bytes; ``alpha`` terms
 ``(p - 1)`` per exchange (5 forward, 9 backward).
 """
-from mpi4py.util import dtlib
-import numpy as np
+import math
 
+from mpi4py.util import dtlib
+
+from kernels.backend import array_module
 from kernels.distribution import block_counts, block_offsets
 from kernels.errors import InputError
 from parallel.nn.attention import (TILES, blockwise_attention_backward, blockwise_attention_forward, check_qkv,
@@ -49,7 +53,7 @@ class _HeadExchange:
         return token
 
     def _exchange(self, send, recv, to_heads):
-        size, width = self.comm.size, int(np.prod(send.shape[2:]))
+        size, width = self.comm.size, math.prod(send.shape[2:])
         shard = ([self.local] * size, [peer * self.group * self.local for peer in range(size)])
         group = (self.counts, self.offsets)
         shard_type, group_type = self._token_type(self.local, width), self._token_type(self.seq_len, width)
@@ -67,13 +71,15 @@ class _HeadExchange:
 
     def to_heads(self, shard):
         """(heads, n_r[, w]) sequence shard -> (heads / p, n[, w]) head group of this rank."""
-        group = np.empty((self.group, self.seq_len) + shard.shape[2:], dtype=shard.dtype)
-        self._exchange(np.ascontiguousarray(shard), group, True)
+        xp = array_module(shard)
+        group = xp.empty((self.group, self.seq_len) + shard.shape[2:], dtype=shard.dtype)
+        self._exchange(xp.ascontiguousarray(shard), group, True)
         return group
 
     def to_sequence(self, group):
         """(heads / p, n[, w]) head group -> (heads, n_r[, w]) sequence shard of this rank."""
-        shard = np.empty((self.group * self.comm.size, self.local) + group.shape[2:], dtype=group.dtype)
+        shard = array_module(group).empty((self.group * self.comm.size, self.local) + group.shape[2:],
+                                          dtype=group.dtype)
         self._exchange(group, shard, False)
         return shard
 
@@ -95,8 +101,9 @@ def ulysses_attention_forward(comm, q, k, v, seq_len, causal=False, stats=None, 
     ----------
     comm : MPI.Comm
         The ranks sharing the sequence; all call this together.
-    q, k, v : numpy.ndarray
-        This rank's shard (heads, n_r, dim): tokens ``block_range(seq_len, p, rank)``.
+    q, k, v : ndarray
+        This rank's shard (heads, n_r, dim): tokens ``block_range(seq_len, p, rank)``
+        (NumPy, or device arrays with ``comm`` from `kernels.backend.Backend.comm`).
     seq_len : int
         Global sequence length ``n``.
     causal : bool

@@ -24,14 +24,23 @@ def largest_error(comm, pairs):
     return comm.allreduce(max(errors), op=MPI.MAX)
 
 
-def run_ulysses(comm, seq, causal, scale=1.0, stats=None):
+def run_ulysses(comm, seq, causal, scale=1.0, stats=None, backend=None):
+    """Errors of the forward and backward results against the dense reference (device shards with ``backend``)."""
     q, k, v, dout = problem(seq, seed=seq, scale=scale)
     out, lse = attention_forward(q, k, v, causal)
     grads = attention_backward(q, k, v, out, lse, dout, causal)
     mine = slice(*block_range(seq, comm.size, comm.rank))
     local = [np.ascontiguousarray(array[:, mine]) for array in (q, k, v, dout)]
-    my_out, my_lse = ulysses_attention_forward(comm, *local[:3], seq, causal, stats, tiles=(3, 4))
-    my_grads = ulysses_attention_backward(comm, *local[:3], my_out, my_lse, local[3], seq, causal, stats, tiles=(2, 5))
+    run_comm = comm
+    if backend is not None:
+        local, run_comm = [backend.from_host(array) for array in local], backend.comm(comm)
+    my_out, my_lse = ulysses_attention_forward(run_comm, *local[:3], seq, causal, stats, tiles=(3, 4))
+    my_grads = ulysses_attention_backward(run_comm, *local[:3], my_out, my_lse, local[3], seq, causal, stats,
+                                          tiles=(2, 5))
+    if backend is not None:
+        results = [my_out, my_lse, *my_grads]
+        assert comm.allreduce(sum(not backend.is_device_array(array) for array in results)) == 0
+        my_out, my_lse, *my_grads = [backend.to_host(array) for array in results]
     forward = largest_error(comm, [(my_out, out[:, mine]), (my_lse, lse[:, mine])])
     return forward, largest_error(comm, [(mine_grad, grad[:, mine]) for mine_grad, grad in zip(my_grads, grads)])
 
@@ -41,6 +50,15 @@ def run_ulysses(comm, seq, causal, scale=1.0, stats=None):
 @pytest.mark.parametrize("seq", [1, 3, 10, 21])
 def test_ulysses_matches_serial(comm, seq, causal):
     forward, backward = run_ulysses(comm, seq, causal)
+    assert forward < 1e-12 and backward < 1e-11
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq", [1, 10])
+def test_ulysses_on_the_device_matches_serial(comm, device_backend, seq, causal):
+    """Device shards: head groups allocated on the device, each Alltoallv staged by the DeviceComm."""
+    forward, backward = run_ulysses(comm, seq, causal, backend=device_backend)
     assert forward < 1e-12 and backward < 1e-11
 
 
