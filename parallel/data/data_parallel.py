@@ -34,15 +34,11 @@ Mixed precision (``compute="float16"`` or ``"bfloat16"``)
     option works with the other and with buckets, overlap and accumulation.
 
 Device arrays (CuPy)
-    A model whose parameters are device arrays trains on the device: the flat
-    vectors, buckets, 16-bit wires and accumulation buffer are allocated with the
-    parameters' array module (`kernels.backend.array_module`); pass
-    ``backend.comm(comm)`` so that every MPI call synchronises the stream and
-    stages its buffers when MPI is not CUDA-aware (a bucket's ``Iallreduce`` is
-    posted after its gradients are complete, so overlap stays correct); the
-    hand-written algorithms (persistent requests) are staged as a whole call
-    (`kernels.backend.Backend.staged`). The finiteness test of mixed precision
-    reads one flag back to the host.
+    With device parameters (``model.to(backend)``) and ``backend.comm(comm)`` all
+    buffers come from the parameters' array module; every MPI call synchronises
+    the stream first (overlap stays correct) and is staged without a CUDA-aware
+    MPI; the hand-written algorithms (persistent requests) are staged as one call
+    (`kernels.backend.Backend.staged`); mixed precision reads one flag back.
 
 Communication cost per step and rank: one allreduce per bucket, i.e. the cost of
 the chosen algorithm (`parallel.collectives`) summed over buckets; for the ring

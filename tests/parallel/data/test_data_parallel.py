@@ -215,3 +215,15 @@ def test_device_trainer_takes_the_host_trainers_steps(comm, device_backend, opti
                           batch_size=len(x))
     assert on_all_ranks(comm, device_backend.is_device_array(device.flat_params) and
                         np.array_equal(device_backend.to_host(device.flat_params), host.flat_params))
+
+
+def test_bfloat16_mpi_exchange_with_a_cuda_aware_mpi_is_an_input_error():
+    """Its MPI op is Python code reading host memory: a CUDA-aware MPI would hand it device pointers."""
+    from fake_device import FakeCupy
+    from kernels.backend import Backend
+
+    cuda_aware = Backend("cupy", FakeCupy(), device_buffers_to_mpi=True, empty_pinned=np.empty)
+    comm = cuda_aware.comm(MPI.COMM_SELF)
+    with pytest.raises(InputError, match="bfloat16"):
+        DataParallelTrainer(comm, tiny_mlp(0).to(cuda_aware), precision="bfloat16")
+    DataParallelTrainer(comm, tiny_mlp(0).to(cuda_aware), allreduce="ring", precision="bfloat16")
