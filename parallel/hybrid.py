@@ -84,6 +84,10 @@ class HybridTrainer(GradientStep):
     schedule : {"gpipe", "1f1b"}
     seed : int
     dtype : numpy dtype
+    backend : kernels.backend.Backend, optional
+        Where the blocks live (moved with `parallel.nn.layers.Layer.to` before the
+        pipeline allocates its buffers); default: the host. Pass
+        ``backend.comm(comm)`` as ``comm`` for a device backend.
 
     Attributes
     ----------
@@ -97,7 +101,7 @@ class HybridTrainer(GradientStep):
     """
 
     def __init__(self, comm, dp, tp, pp, hidden, ffn, blocks, micro_batches=1, schedule="1f1b", seed=0,
-                 dtype=np.float32):
+                 dtype=np.float32, backend=None):
         check_grid(comm.size, dp, tp, pp, hidden, ffn, blocks)
         self.shape, self.micro_batches = (dp, tp, pp), micro_batches
         self.grid = ProcessGrid(comm, (dp, pp, tp))
@@ -106,6 +110,9 @@ class HybridTrainer(GradientStep):
         self.block_indices = range(*block_range(blocks, pp, self.stage))
         self.blocks = [ParallelMLP(self.tp_comm, hidden, ffn, block_seed(seed, k), dtype)
                        for k in self.block_indices]
+        if backend is not None:
+            for block in self.blocks:
+                block.to(backend)
         self.pipeline = Pipeline(self.pp_comm, self.blocks, (hidden,), micro_batches, schedule, dtype,
                                  data_comm=self.dp_comm)
 

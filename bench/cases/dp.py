@@ -36,6 +36,11 @@ warm-up and timed steps, `bench.families.memory`), ``loss_scale`` and
 an overflow) and ``test_accuracy`` (rank 0's replica on the test split after the
 point's steps).
 
+On ``--backend cupy`` the model (moved with ``Layer.to``), the flat vectors, the
+optimiser state and the data set live on the device from set-up on; each step
+indexes the device data with the batch's (host) row numbers, and the gradient
+exchange goes through ``backend.comm(comm)`` (staged without a CUDA-aware MPI).
+
 The check trains a serial model from the same seed on the same global batches
 with the same optimiser in the point's dtype (as many steps as the point ran, on
 rank 0, skipping the steps mixed precision skipped), counts the parameters outside
@@ -149,6 +154,7 @@ def read_settings(settings, variant):
 @dataclass
 class _State:
     comm: object
+    backend: object
     dtype: str
     size: int
     settings: dict
@@ -191,20 +197,19 @@ class DataParallel(Case):
         return 10, 2
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError("suite 'dp' runs on the numpy backend only")
         if size < 1:
             raise InputError(f"dp: the global batch needs at least one sample, got {size}")
         settings = read_settings(self.settings, variant)
-        data = _split_data(settings["dataset"], settings["model"] == "mlp", dtype)
-        model = _build_model(settings["model"], data[0].shape[-1], dtype)
+        data = tuple(backend.from_host(part)
+                     for part in _split_data(settings["dataset"], settings["model"] == "mlp", dtype))
+        model = _build_model(settings["model"], data[0].shape[-1], dtype).to(backend)
         options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",
                                                   "precision", "compute")}
-        trainer = DataParallelTrainer(comm, model, **options)
+        trainer = DataParallelTrainer(backend.comm(comm), model, **options)
         optimizer = _build_optimizer(settings["optimizer"], trainer.parameters())
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
         reset_peak_rss()
-        return _State(comm, dtype, size, settings, trainer, optimizer, data, offsets)
+        return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets)
 
     def run(self, state):
         start = MPI.Wtime()
@@ -219,18 +224,20 @@ class DataParallel(Case):
     def check(self, state):
         state.peak_rss_mib = peak_rss_mib()  # the steps' peak, before the serial reference below
         trainer = state.trainer
-        expected = np.empty_like(trainer.flat_params)
+        params = state.backend.to_host(trainer.flat_params)
+        expected = np.empty_like(params)
         if state.comm.rank == 0:
             expected[:] = self._serial_parameters(state)
         state.comm.Bcast(expected, root=0)
         full = state.settings["precision"] == state.settings["compute"] == "full"
         rtol = TOLERANCES[state.dtype] if full else SIXTEEN_BIT_TOLERANCE
-        close = np.isclose(trainer.flat_params, expected, rtol=rtol, atol=rtol * np.max(np.abs(expected)))
+        close = np.isclose(params, expected, rtol=rtol, atol=rtol * np.max(np.abs(expected)))
         return int(np.count_nonzero(~close)) + trainer.replica_mismatches()
 
     def _serial_parameters(self, state):
-        """Parameters of a serial model trained on the same ``state.steps`` global batches."""
-        train_x, _, train_y, _ = state.data
+        """Parameters of a serial model (host) trained on the same ``state.steps`` global batches."""
+        train_x, _, train_y, _ = _split_data(state.settings["dataset"], state.settings["model"] == "mlp",
+                                             state.dtype)
         model = _build_model(state.settings["model"], train_x.shape[-1], state.dtype)
         optimizer = _build_optimizer(state.settings["optimizer"], model.parameters())
         everyone = np.arange(state.size)

@@ -15,6 +15,10 @@ global step: in ``sync``, one SGD step on the global batch; in ``async`` and
 when every worker has done its step and told every server so, hence timed runs
 compose (clocks and staleness carry over from run to run).
 
+On ``--backend cupy`` the model, the flat vectors, the servers' shards and
+optimiser state and the training images live on the device; the messages go
+through ``backend.comm(comm)`` (staged without a CUDA-aware MPI).
+
 Check: ``sync`` takes one more step from the current parameters and counts the
 elements outside ``rtol = atol = 1e-9`` (float64; 1e-4 for float32) of one serial
 SGD step on the same global batch. Every variant also counts gradient shards
@@ -66,6 +70,7 @@ def training_images(model, dtype):
 @dataclass
 class _State:
     comm: object
+    backend: object
     variant: str
     dtype: str
     batch: int
@@ -111,18 +116,16 @@ class ParameterServerSuite(Case):
         return (5, 1) if self.model_name == "cnn" else (20, 3)
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError(f"suite ps runs on the numpy backend only, not {backend.name!r}")
         check_roles(comm.size, self.servers)
         workers = comm.size - self.servers
         if size < workers:
             raise InputError(f"ps: the global batch ({size}) must give each of the {workers} workers a sample")
-        model = MODELS[self.model_name](np.dtype(dtype))
+        model = MODELS[self.model_name](np.dtype(dtype)).to(backend)
         flat_params, flat_grads = flat_storage(model)
-        ps = ParameterServer(comm, flat_params, flat_grads, LEARNING_RATE, mode=variant,
-                                          servers=self.servers, staleness=self.staleness)
-        images, labels = training_images(self.model_name, dtype)
-        return _State(comm, variant, dtype, size, self.model_name, model, ps, images, labels)
+        ps = ParameterServer(backend.comm(comm), flat_params, flat_grads, LEARNING_RATE, mode=variant,
+                             servers=self.servers, staleness=self.staleness)
+        images, labels = (backend.from_host(part) for part in training_images(self.model_name, dtype))
+        return _State(comm, backend, variant, dtype, size, self.model_name, model, ps, images, labels)
 
     def run(self, state):
         ps = state.ps
@@ -131,10 +134,11 @@ class ParameterServerSuite(Case):
         state.steps += 1
 
     def check(self, state):
-        before = state.ps.gather_parameters() if state.variant == "sync" else None
+        host = state.backend.to_host
+        before = host(state.ps.gather_parameters()) if state.variant == "sync" else None
         step = state.steps
         self.run(state)
-        after = state.ps.gather_parameters()
+        after = host(state.ps.gather_parameters())
         bound = state.ps.bound
         wrong = int(np.sum(state.ps.staleness_counts[bound + 1:])) if bound is not None else 0
         if state.comm.rank != 0:
@@ -188,12 +192,13 @@ def _worker_gradient(state, clock):
 
 
 def serial_step(state, params, step):
-    """Return ``params`` after one serial SGD step on global batch ``step`` (a fresh model)."""
+    """Return ``params`` after one serial SGD step on global batch ``step`` (a fresh model, on the host)."""
     model = MODELS[state.model_name](np.dtype(state.dtype))
     flat_params, flat_grads = flat_storage(model)
     flat_params[:] = params
-    rows = global_rows(step, state.batch, len(state.images))
-    forward_backward(model, softmax_cross_entropy, state.images[rows], state.labels[rows])
+    images, labels = training_images(state.model_name, state.dtype)
+    rows = global_rows(step, state.batch, len(images))
+    forward_backward(model, softmax_cross_entropy, images[rows], labels[rows])
     SGD([(flat_params, flat_grads)], LEARNING_RATE).step()
     return flat_params
 

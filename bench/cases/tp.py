@@ -25,6 +25,11 @@ matrices so that its ReLU masks agree bit for bit with the parallel block's (a
 float64 reference flips masks where the float32 ``h`` is within rounding of 0,
 and one flipped token moves a weight-gradient column by ~1/sqrt(T)).
 
+On ``--backend cupy`` the block (moved with ``Layer.to``), ``x`` and ``dy`` live on
+the device and the collectives go through ``backend.comm(comm)`` (staged without
+a CUDA-aware MPI); the check moves the results to the host. Peak memory then
+counts the device arrays' bytes plus the host ``tracemalloc`` peak.
+
 Metrics: items_per_s = tokens/s; gflops counts ``12 T h f`` flops per run (forward:
 2 GEMMs of ``2 T h f``; backward: 4 GEMMs of the same size). Metric ``comm_share``:
 the largest over ranks of (seconds in the block's MPI calls / run seconds).
@@ -89,8 +94,6 @@ class TensorParallel(Case):
         return (10, 2) if size <= 2048 else (5, 1)
 
     def setup(self, comm, size, variant, backend, dtype):
-        if backend.name != "numpy":
-            raise InputError(f"suite tp runs on the numpy backend only, not {backend.name!r}")
         if size < 1:
             raise InputError(f"tp: need at least one token, got {size}")
         self.check_ranks(comm.size, variant)
@@ -98,22 +101,25 @@ class TensorParallel(Case):
         if variant == "serial":
             model = serial_mlp(hidden, ffn, SEED, dtype)
         else:
-            model = ParallelMLP(comm, hidden, ffn, SEED, dtype, sequence_parallel=variant == "sequence")
+            model = ParallelMLP(backend.comm(comm), hidden, ffn, SEED, dtype,
+                                sequence_parallel=variant == "sequence")
         rng = np.random.default_rng(SEED)
-        x, dy = (rng.standard_normal((size, hidden)).astype(dtype) for _ in range(2))
+        x, dy = (backend.from_host(rng.standard_normal((size, hidden)).astype(dtype)) for _ in range(2))
         tokens = token_shard(comm, size) if variant == "sequence" else slice(None)
-        return MeasuredState(comm, variant, dtype, size, dict(self.config), model, x, dy, tokens)
+        return MeasuredState(comm, variant, dtype, size, dict(self.config), model.to(backend), x, dy, tokens,
+                             backend=backend)
 
     def run(self, state):
         run_forward_backward(state)
 
     def check(self, state):
+        host = state.backend.to_host
         reference = serial_mlp(state.settings["hidden"], state.settings["ffn"], SEED, state.dtype)
-        expected = (reference.forward(state.x)[state.tokens], reference.backward(state.dy)[state.tokens])
+        expected = (reference.forward(host(state.x))[state.tokens], reference.backward(host(state.dy))[state.tokens])
         slices = getattr(state.model, "serial_slices", {name: slice(None) for name in reference.params})
         rtol = TOLERANCES[state.dtype]
-        wrong = sum(count_wrong(actual, wanted, rtol) for actual, wanted in zip(state.result, expected))
-        return wrong + sum(count_wrong(state.model.grads[name], reference.grads[name][index], rtol)
+        wrong = sum(count_wrong(host(actual), wanted, rtol) for actual, wanted in zip(state.result, expected))
+        return wrong + sum(count_wrong(host(state.model.grads[name]), reference.grads[name][index], rtol)
                            for name, index in slices.items())
 
     def metrics(self, state, seconds):

@@ -44,7 +44,8 @@ class MeasuredState:
     peak_bytes: Optional[int] = None
     result: tuple = ()
     summary: dict = field(default_factory=dict)
-    #: The point's `kernels.backend.Backend` (None: NumPy); a timed pass ends with its ``synchronize``.
+    #: The point's `kernels.backend.Backend` (None: NumPy); a timed pass ends with its ``synchronize``
+    #: and the check moves device results to the host (``to_host``).
     backend: object = None
 
 

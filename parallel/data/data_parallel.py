@@ -13,9 +13,9 @@ Overlap
     Backward runs layer by layer over ``model.leaves()`` in reverse, which is what
     `Sequential.backward` does (nested ones too). With ``overlap=True``, as soon as
     a layer completes a bucket, ``comm.Iallreduce`` starts on it; after every later
-    layer ``MPI.Request.Testall`` lets MPI progress the transfers (MPICH advances
+    layer `kernels.device_comm.poll_all` lets MPI progress the transfers (MPICH advances
     non-blocking collectives only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1``);
-    one ``Waitall`` ends the step. Needs ``allreduce="mpi"``: the hand-written
+    one `kernels.device_comm.wait_all` ends the step. Needs ``allreduce="mpi"``: the hand-written
     algorithms are blocking.
 Accumulation
     ``micro_batches = m`` splits each rank's shard into ``m`` blocks run one after
@@ -33,15 +33,25 @@ Mixed precision (``compute="float16"`` or ``"bfloat16"``)
     finite is skipped on every rank (`parallel.data.mixed_precision`). Either
     option works with the other and with buckets, overlap and accumulation.
 
+Device arrays (CuPy)
+    With device parameters (``model.to(backend)``) and ``backend.comm(comm)`` all
+    buffers come from the parameters' array module; every MPI call synchronises
+    the stream first (overlap stays correct) and is staged without a CUDA-aware
+    MPI; the hand-written algorithms (persistent requests) are staged as one call
+    (`kernels.backend.Backend.staged`); mixed precision reads one flag back.
+
 Communication cost per step and rank: one allreduce per bucket, i.e. the cost of
 the chosen algorithm (`parallel.collectives`) summed over buckets; for the ring
 ``2 (p-1) B alpha + 2 (p-1)/p n beta`` for ``B`` buckets of ``n`` bytes in total.
 """
 import contextlib
+import functools
 
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
+from kernels.device_comm import DeviceComm, poll_all, wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
@@ -127,6 +137,7 @@ class DataParallelTrainer(GradientStep):
         self.model, self.comm, self.loss = model, comm, loss
         self.allreduce, self.overlap, self.micro_batches = allreduce, bool(overlap), int(micro_batches)
         self.precision = precision
+        self._algorithm = ALLREDUCE_ALGORITHMS.get(allreduce)
         self.flat_params, self.flat_grads = flat_storage(model)
         comm.Bcast(self.flat_params, root=0)
         self._compute = None if compute == "full" else ComputeFormat(compute)
@@ -138,12 +149,14 @@ class DataParallelTrainer(GradientStep):
         self._layers = [(leaf, sum(array.size for array in leaf.params.values())) for leaf in model.leaves()]
         sizes = [array.size for leaf, _ in self._layers for array in leaf.params.values()]
         self.buckets = bucket_bounds(sizes, self.flat_grads.itemsize, int(bucket_bytes))
-        self._format = WireFormat(precision, allreduce == "mpi", self.flat_grads.dtype)
+        self._format = WireFormat(precision, allreduce == "mpi", self.flat_grads.dtype,
+                                  isinstance(comm, DeviceComm) and comm.backend.device_buffers_to_mpi)
         self._grads = [self.flat_grads[start:stop] for start, stop in self.buckets]
         self._model_bucket_grads = [self._model_grads[start:stop] for start, stop in self.buckets]
+        xp = array_module(self.flat_grads)
         self._wires = self._grads if self._format.full else \
-            [np.empty(stop - start, self._format.dtype) for start, stop in self.buckets]
-        self._accum = np.empty_like(self.flat_grads) if self.micro_batches > 1 else None
+            [xp.empty(stop - start, self._format.dtype) for start, stop in self.buckets]
+        self._accum = xp.empty_like(self.flat_grads) if self.micro_batches > 1 else None
         self._accumulated = False
         self._next_bucket = 0
         self._requests = []
@@ -209,7 +222,7 @@ class DataParallelTrainer(GradientStep):
         """Return how many parameters on this rank differ from rank 0's (one ``Bcast`` of the parameters)."""
         reference = self.flat_params.copy()
         self.comm.Bcast(reference, root=0)
-        return int(np.count_nonzero(reference != self.flat_params))
+        return int(array_module(reference).count_nonzero(reference != self.flat_params))
 
     def _timed(self, call, *args, **kwargs):
         start = MPI.Wtime()
@@ -236,7 +249,7 @@ class DataParallelTrainer(GradientStep):
 
     def _unscale(self):
         """Divide the reduced gradients by the loss scale; skip the step (on every rank) if one is not finite."""
-        finite = bool(np.isfinite(self.flat_grads).all())
+        finite = bool(array_module(self.flat_grads).isfinite(self.flat_grads).all())
         self.flat_grads *= 1 / self.loss_scaler.scale
         self.step_skipped = not self.loss_scaler.update(finite)
 
@@ -251,7 +264,7 @@ class DataParallelTrainer(GradientStep):
                 remaining -= count
                 self._release_buckets(remaining)
                 if self._requests:
-                    self._timed(MPI.Request.Testall, self._requests)
+                    self._timed(poll_all, self._requests)
 
     def _accumulate(self):
         if self._compute is not None:
@@ -259,7 +272,7 @@ class DataParallelTrainer(GradientStep):
         if self._accumulated:
             self._accum += self.flat_grads
         else:
-            np.copyto(self._accum, self.flat_grads)
+            self._accum[...] = self.flat_grads
             self._accumulated = True
 
     def _release_buckets(self, remaining):
@@ -282,7 +295,7 @@ class DataParallelTrainer(GradientStep):
 
     def _finish_exchange(self):
         if self.overlap:
-            self._timed(MPI.Request.Waitall, self._requests)
+            self._timed(wait_all, self._requests)
             self._requests = []
         else:
             for wire in self._wires:
@@ -294,5 +307,8 @@ class DataParallelTrainer(GradientStep):
     def _reduce(self, wire):
         if self.allreduce == "mpi":
             self.comm.Allreduce(MPI.IN_PLACE, wire, op=self._format.op)
+        elif isinstance(self.comm, DeviceComm):
+            # The hand-written algorithms run on persistent requests: stage the whole call, once.
+            self.comm.backend.staged(functools.partial(self._algorithm, self.comm.comm, MPI.IN_PLACE), wire)
         else:
-            ALLREDUCE_ALGORITHMS[self.allreduce](self.comm, MPI.IN_PLACE, wire)
+            self._algorithm(self.comm, MPI.IN_PLACE, wire)

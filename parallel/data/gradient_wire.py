@@ -17,9 +17,17 @@ Reduced precision (``precision="float16"`` or ``"bfloat16"``)
     bfloat16: float32 with the low 16 bits zero) and the sum is rounded to the
     16-bit format at the end: same input and output rounding, float32 partial
     sums, no bytes saved.
+Device arrays (CuPy)
+    Encoding and decoding stay in the gradients' array module (bit operations and
+    ``astype`` only); the bfloat16 op of MPI runs on the host words a staging
+    `kernels.device_comm.DeviceComm` hands it. A CUDA-aware MPI would hand the
+    Python op device memory: `WireFormat` refuses that combination (``"mpi"`` with
+    bfloat16 on a CUDA-aware device communicator; the hand-written algorithms work).
 """
 import numpy as np
 from mpi4py import MPI
+
+from kernels.errors import InputError
 
 PRECISIONS = ("full", "float16", "bfloat16")
 
@@ -50,7 +58,7 @@ def bucket_bounds(param_sizes, itemsize, bucket_bytes):
 
 def bfloat16_bits(values):
     """Return ``values`` rounded to bfloat16 (nearest, ties to even) as uint16 upper halves of float32."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bits = values.astype(np.float32, copy=False).view(np.uint32)
     tie_to_even = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
     return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
 
@@ -75,7 +83,7 @@ def round_to_bfloat16(values):
 
 def bfloat16_values(bits):
     """Return the float32 numbers of bfloat16 ``bits`` (uint16 upper halves; low 16 bits zero)."""
-    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _bfloat16_sum(incoming, partial, datatype):
@@ -97,7 +105,7 @@ def _bfloat16_sum_op():
 
 # precision -> (pack to 16-bit words, unpack to float32, dtype of the words, MPI op on the words)
 _SIXTEEN_BIT = {
-    "float16": (lambda x: np.asarray(x, dtype=np.float16), lambda w: w.astype(np.float32), np.float16,
+    "float16": (lambda x: x.astype(np.float16), lambda w: w.astype(np.float32), np.float16,
                 lambda: MPI.SUM),
     "bfloat16": (bfloat16_bits, bfloat16_values, np.uint16, _bfloat16_sum_op),
 }
@@ -111,12 +119,15 @@ class WireFormat:
     gradients are rounded to the 16-bit format in their own dtype before and after.
     """
 
-    def __init__(self, precision, native, grad_dtype):
+    def __init__(self, precision, native, grad_dtype, device_buffers_to_mpi=False):
         self.full = precision == "full"
         self.dtype, self.op = grad_dtype, MPI.SUM
         if self.full:
             return
         pack, unpack, words, make_op = _SIXTEEN_BIT[precision]
+        if native and precision == "bfloat16" and device_buffers_to_mpi:
+            raise InputError("the bfloat16 exchange with allreduce 'mpi' needs host buffers (its MPI op is "
+                             "Python code); with a CUDA-aware MPI use a hand-written allreduce")
         if native:
             self.dtype, self.op = np.dtype(words), make_op()
             self.encode, self.decode = pack, unpack

@@ -32,6 +32,9 @@ Loss scaling (`LossScaler`)
     allreduced gradients, which every rank holds alike (an inf or NaN on one rank
     reaches every rank through the sum), so all ranks skip the same steps without
     another message.
+
+Every operation is an array method, a ufunc or an assignment, so the same code
+runs on NumPy and CuPy arrays (the storage stays in the arrays' module).
 """
 import numpy as np
 
@@ -65,7 +68,7 @@ class ComputeFormat:
 
     def input(self, x):
         """A new array of `dtype` holding ``x`` rounded to the format (the caller's ``x`` is kept)."""
-        x = np.array(x, dtype=self.dtype)
+        x = x.astype(self.dtype)
         return round_to_bfloat16(x) if self.emulated else x
 
     def round(self, values):
@@ -74,7 +77,7 @@ class ComputeFormat:
 
     def cast(self, source, out):
         """Write ``source`` (master values) rounded to the format into ``out`` (of `dtype`)."""
-        np.copyto(out, source, casting="same_kind")
+        out[...] = source
         if self.emulated:
             round_to_bfloat16(out)
 
@@ -82,7 +85,7 @@ class ComputeFormat:
         """Write the format's gradients ``source`` into the master array ``out`` (bfloat16: rounded first)."""
         if self.emulated:
             round_to_bfloat16(source)
-        np.copyto(out, source, casting="same_kind")
+        out[...] = source
 
 
 class LossScaler:

@@ -31,6 +31,12 @@ gradients scaled by the global batch size (``softmax_cross_entropy(...,
 batch_size=B)``) this is serial SGD on the global batch. ``async`` and ``ssp``: a
 server applies each gradient with one SGD step as it arrives.
 
+Device arrays (CuPy): with parameter and gradient vectors in device memory and
+``backend.comm(comm)``, the servers' shards, gradient sums and optimiser state
+stay on the device; headers, versions and staleness counts are small host
+arrays. A staging communicator copies a shard reply into host memory when the
+``Isend`` is posted, so the server may update its shard before the reply is sent.
+
 Cost per worker step, S servers, n parameters of w bytes: 3S messages sent (two
 16-byte headers and n/S gradient elements per server) and 2S received (8-byte
 version and n/S parameters), about ``5 S alpha + 2 n w beta``. A server handles
@@ -42,6 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
+from kernels.device_comm import wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.optim import SGD
@@ -139,9 +147,10 @@ class ParameterServer:
         pairs = []
         if self.is_server:
             start, stop = self.ranges[comm.rank]
+            xp = array_module(flat_params)
             self.shard = flat_params[start:stop].copy()
-            self._gradient = np.zeros_like(self.shard)
-            self._incoming = np.zeros_like(self.shard) if mode == "sync" else self._gradient
+            self._gradient = xp.zeros_like(self.shard)
+            self._incoming = xp.zeros_like(self.shard) if mode == "sync" else self._gradient
             pairs = [(self.shard, self._gradient)]
             self._pushes = np.zeros(self.workers, np.int64)
             self._dones = np.zeros(self.workers, np.int64)
@@ -174,7 +183,7 @@ class ParameterServer:
         requests = self._pending + self._send_headers(DONE, self.clock)
         self._pending = []
         start = MPI.Wtime()
-        MPI.Request.Waitall(requests)
+        wait_all(requests)
         self.wait_seconds += MPI.Wtime() - start
 
     def gather_parameters(self):
@@ -182,7 +191,7 @@ class ParameterServer:
         n = self.flat_params.size
         counts = [stop - start for start, stop in self.ranges] + [0] * self.workers
         offsets = [start for start, _ in self.ranges] + [n] * self.workers
-        whole = np.empty(n, self.flat_params.dtype)
+        whole = array_module(self.flat_params).empty(n, self.flat_params.dtype)
         send = self.shard if self.is_server else self.flat_params[:0]
         self.comm.Allgatherv(send, [whole, (counts, offsets)])
         return whole
@@ -218,7 +227,7 @@ class ParameterServer:
             requests.append(self.comm.Irecv(self._versions[server:server + 1], server, VERSION_TAG))
             requests.append(self.comm.Irecv(self.flat_params[low:high], server, SHARD_TAG))
         requests += self._send_headers(PULL, self.clock)
-        MPI.Request.Waitall(requests)
+        wait_all(requests)
         pulled = MPI.Wtime()
         compute_gradient(self.clock)
         self.compute_seconds += MPI.Wtime() - pulled
@@ -265,7 +274,7 @@ class ParameterServer:
 
     def _finish_replies(self):
         """Wait for the shard replies in flight (before the shard changes)."""
-        MPI.Request.Waitall(self._replies)
+        wait_all(self._replies)
         self._replies, self._reply_versions = [], []
 
     def _receive_gradient(self, source, version):

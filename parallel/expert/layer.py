@@ -14,13 +14,20 @@ Experts
 
 `MoELayer` holds what the serial and expert-parallel layers share; `SerialMoE`
 (every expert on one process) is the reference for `parallel.expert.moe.ParallelMoE`.
+
+Devices: build the layer on the host, move it with ``layer.to(backend)``
+(`parallel.nn.layers.Layer.to`) and pass device tokens; the rows, expert
+batches and gradients then stay in device memory (the array module of the
+tokens), only the routing counts and statistics come to the host
+(`parallel.expert.routing`). The expert batches are host index arrays.
 """
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.nn.layers import Layer, Linear, ReLU, Sequential
 from parallel.expert.routing import (TOP_K_CHOICES, auxiliary_loss, auxiliary_loss_gradient, gate_logit_gradient,
-                                  route_tokens, routing_statistics)
+                                     route_tokens, routing_statistics)
 
 
 def build_expert(hidden, ffn, expert, seed, dtype):
@@ -73,13 +80,14 @@ class MoELayer(Layer):
 
     def _run_experts(self, rows, method):
         """Apply ``method`` (forward or backward) of each owned expert to its batch of ``rows``."""
-        result = np.empty_like(rows)
+        result = array_module(rows).empty_like(rows)
         for batch, net in zip(self._batches, self.experts.values()):
             result[batch] = getattr(net, method)(rows[batch])
         return result
 
     def forward(self, x):
-        x = np.asarray(x, dtype=self.dtype)
+        x = x.astype(self.dtype, copy=False)
+        xp = array_module(x)
         if x.ndim != 2 or x.shape[1] != self.hidden:
             raise InputError(f"MoE: expected tokens of shape (n, {self.hidden}), got {x.shape}")
         self._routings = [route_tokens(shard, self.gate.params["weight"], self.gate.params["bias"], self.top_k,
@@ -91,12 +99,12 @@ class MoELayer(Layer):
         ys = []
         for routing, out in zip(self._routings, outputs):
             n = len(routing.x)
-            routing.outputs = np.zeros((self.top_k * n, self.hidden), dtype=self.dtype)
+            routing.outputs = xp.zeros((self.top_k * n, self.hidden), dtype=self.dtype)
             routing.outputs[routing.dispatch] = out
             routing.outputs = routing.outputs.reshape(self.top_k, n, self.hidden)
             ys.append((routing.weights[:, :, None] * routing.outputs).sum(axis=0))
         self._record_statistics()
-        return _join(ys)
+        return _join(xp, ys)
 
     def _record_statistics(self):
         """aux loss, loads and drops over all shards of all ranks (one `_sum` of ``3E + 2`` numbers)."""
@@ -110,9 +118,9 @@ class MoELayer(Layer):
         self.expert_load, self.dropped = stats[2 * experts:3 * experts].astype(np.int64), int(stats[-2])
 
     def backward(self, dy):
-        dy = np.asarray(dy, dtype=self.dtype)
-        bounds = np.cumsum([len(r.x) for r in self._routings])[:-1]
-        dys = np.split(dy, bounds)
+        dy = dy.astype(self.dtype, copy=False)
+        xp = array_module(dy)
+        dys = _split(xp, dy, [len(r.x) for r in self._routings])
         sent = [(r.weights[:, :, None] * d[None]).reshape(-1, self.hidden)[r.dispatch]
                 for r, d in zip(self._routings, dys)]
         rows, _ = self._to_experts(sent, None)
@@ -120,26 +128,31 @@ class MoELayer(Layer):
         for grad in gate_grads.values():
             grad[...] = 0
         dx_rows = self._from_experts(self._run_experts(rows, "backward"))
-        aux_dprobs = auxiliary_loss_gradient(self.aux_loss_weight, self.first_choice_fraction,
-                                             self.tokens).astype(self.dtype)
+        aux_dprobs = xp.asarray(auxiliary_loss_gradient(self.aux_loss_weight, self.first_choice_fraction,
+                                                        self.tokens).astype(self.dtype))
         dxs = []
         for routing, d, dx_kept in zip(self._routings, dys, dx_rows):
             n = len(routing.x)
-            dx = np.zeros((self.top_k * n, self.hidden), dtype=self.dtype)
+            dx = xp.zeros((self.top_k * n, self.hidden), dtype=self.dtype)
             dx[routing.dispatch] = dx_kept
-            dlogits = gate_logit_gradient(routing, np.einsum("knd,nd->kn", routing.outputs, d), aux_dprobs)
+            dlogits = gate_logit_gradient(routing, xp.einsum("knd,nd->kn", routing.outputs, d), aux_dprobs)
             gate_grads["weight"] += routing.x.T @ dlogits
             gate_grads["bias"] += dlogits.sum(axis=0)
             dxs.append(dx.reshape(self.top_k, n, self.hidden).sum(axis=0) + dlogits @ self.gate.params["weight"].T)
-        flat = self._sum(np.concatenate([gate_grads["weight"].ravel(), gate_grads["bias"]]))
+        flat = self._sum(xp.concatenate([gate_grads["weight"].ravel(), gate_grads["bias"]]))
         gate_grads["weight"].ravel()[:] = flat[:gate_grads["weight"].size]
         gate_grads["bias"][:] = flat[gate_grads["weight"].size:]
-        return _join(dxs)
+        return _join(xp, dxs)
 
 
-def _join(parts):
+def _join(xp, parts):
     """The per-shard arrays ``parts`` as one array (no copy for one shard)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return parts[0] if len(parts) == 1 else xp.concatenate(parts)
+
+
+def _split(xp, array, sizes):
+    """``array`` cut along its first axis into blocks of ``sizes`` rows (a host list)."""
+    return xp.split(array, np.cumsum(sizes)[:-1].tolist())
 
 
 class SerialMoE(MoELayer):
@@ -177,15 +190,15 @@ class SerialMoE(MoELayer):
         return super().forward(x)
 
     def _shards(self, x):
-        return np.split(x, np.cumsum(self._shard_sizes)[:-1])
+        return _split(array_module(x), x, self._shard_sizes)
 
     def _to_experts(self, rows, counts):
         if counts is not None:
             self._counts = np.stack(counts)
-        return np.concatenate(rows), self._counts
+        return array_module(*rows).concatenate(rows), self._counts
 
     def _from_experts(self, rows):
-        return np.split(rows, np.cumsum(self._counts.sum(axis=1))[:-1])
+        return _split(array_module(rows), rows, self._counts.sum(axis=1))
 
     def _sum(self, array):
         return array

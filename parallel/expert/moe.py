@@ -21,9 +21,14 @@ allreduces as a ring would send them (`kernels.traffic`, through `parallel.tenso
 Memory per rank: the ``(k n_r, hidden)`` output and gradient buffers of the
 combine, the received rows and the experts' activations (``R_in + kept own rows``
 by ``ffn``).
+
+Devices: with the layer moved to the device (``layer.to(backend)``) and
+``backend.comm(comm)``, the rows travel from device buffers (staged through host
+memory without a CUDA-aware MPI); the counts are host arrays.
 """
 import numpy as np
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.expert.layer import MoELayer, SerialMoE
 from parallel.tensor.tensor_parallel import CommCounter, CountedCommunication
@@ -60,9 +65,10 @@ class ParallelMoE(CountedCommunication, MoELayer):
 
     def _alltoallv(self, send, send_rows, recv_rows):
         with self.counter.timed():
-            recv = np.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
+            xp = array_module(send)
+            recv = xp.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
             layout = [(rows * self.hidden, (np.cumsum(rows) - rows) * self.hidden) for rows in (send_rows, recv_rows)]
-            self.comm.Alltoallv([np.ascontiguousarray(send), layout[0]], [recv, layout[1]])
+            self.comm.Alltoallv([xp.ascontiguousarray(send), layout[0]], [recv, layout[1]])
         self.counter.add("send", int(send_rows.sum() - send_rows[self.comm.rank]) * self.hidden * send.itemsize)
         return recv
 

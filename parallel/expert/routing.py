@@ -1,7 +1,11 @@
 """Mixture-of-experts routing: top-k softmax gate, expert capacity, dropped assignments, auxiliary loss.
 
-Serial NumPy on one shard of tokens at a time; the layers of `parallel.expert.layer`
-and `parallel.expert.moe` call these for every shard.
+One shard of tokens at a time; the layers of `parallel.expert.layer` and
+`parallel.expert.moe` call these for every shard. The gate, the choices, the
+dispatch order and the weights stay in the tokens' memory (NumPy or CuPy: the
+array module of ``x``); the per-expert counts and the routing statistics, which
+MPI exchanges (``Alltoall`` of counts, ``Allreduce`` of statistics), are small
+host arrays (``3 E`` numbers per shard read back from a device).
 
 Gate
     ``probs = softmax(x Wg + bg)`` over ``E`` experts (``Wg`` (hidden, E), replicated);
@@ -25,7 +29,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import array_module
+
 TOP_K_CHOICES = (1, 2)
+
+
+def host(array):
+    """``array`` as a NumPy array: itself on the host, a copy from device memory (small arrays only)."""
+    return array if array_module(array) is np else array.get()
+
+
+def bincount(xp, values, length):
+    """``xp.bincount(values, minlength=length)``, also for no values (CuPy takes the maximum of ``values``)."""
+    return xp.bincount(values, minlength=length) if values.size else xp.zeros(length, np.int64)
 
 
 def expert_capacity(tokens, experts, top_k, capacity_factor):
@@ -66,27 +82,29 @@ def route_tokens(x, gate_weight, gate_bias, top_k, capacity_factor):
     routing
         ``x``, ``probs`` (n, E), ``choices`` (k, n), ``dispatch`` (the kept assignment
         indices ``c * n + t``, ordered by expert then processing order), ``weights``
-        (k, n) (0 where dropped), ``counts`` (E,) kept rows per expert, and
-        ``outputs`` (None) for the layer to fill with the experts' rows.
+        (k, n) (0 where dropped), ``counts`` (E,) kept rows per expert (a host
+        array), and ``outputs`` (None) for the layer to fill with the experts' rows;
+        all but ``counts`` in the memory of ``x``.
     """
+    xp = array_module(x)
     logits = x @ gate_weight + gate_bias
-    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+    exp = xp.exp(logits - logits.max(axis=1, keepdims=True))
     probs = exp / exp.sum(axis=1, keepdims=True)
     n, k, experts = len(x), top_k, gate_weight.shape[1]
-    choices = np.ascontiguousarray(np.argsort(-probs, axis=1, kind="stable")[:, :k].T)
+    choices = xp.ascontiguousarray(xp.argsort(-probs, axis=1, kind="stable")[:, :k].T)
     flat = choices.ravel()
-    order = np.argsort(flat, kind="stable")
-    wanted = np.bincount(flat, minlength=experts)
-    position = np.empty(k * n, dtype=np.int64)
-    position[order] = np.arange(k * n) - np.repeat(np.cumsum(wanted) - wanted, wanted)
+    order = xp.argsort(flat, kind="stable")
+    wanted = bincount(xp, flat, experts)
+    position = xp.empty(k * n, dtype=np.int64)
+    position[order] = xp.arange(k * n) - (xp.cumsum(wanted) - wanted)[flat[order]]  # rank within the expert
     capacity = expert_capacity(n, experts, k, capacity_factor)
     kept = position < capacity
-    weights = np.where(kept, probs[np.tile(np.arange(n), k), flat], 0).reshape(k, n)
-    return _Routing(x, probs, choices, order[kept[order]], weights, np.minimum(wanted, capacity))
+    weights = xp.where(kept, probs[xp.tile(xp.arange(n), k), flat], 0).reshape(k, n)
+    return _Routing(x, probs, choices, order[kept[order]], weights, host(xp.minimum(wanted, capacity)))
 
 
 def routing_statistics(routings, experts):
-    """The ``3E + 2`` float64 sums over ``routings`` behind the aux loss, the loads and the drops.
+    """The ``3E + 2`` float64 sums over ``routings`` behind the aux loss, the loads and the drops (host).
 
     In order: first choices per expert (E), probabilities per expert summed over the
     tokens (E), kept rows per expert (E), dropped assignments, tokens. Sums over
@@ -94,8 +112,9 @@ def routing_statistics(routings, experts):
     """
     stats = np.zeros(3 * experts + 2)
     for r in routings:
-        stats[:experts] += np.bincount(r.choices[0], minlength=experts)
-        stats[experts:2 * experts] += r.probs.sum(axis=0)
+        xp = array_module(r.probs)
+        stats[:experts] += host(bincount(xp, r.choices[0], experts))
+        stats[experts:2 * experts] += host(r.probs.sum(axis=0))
         stats[2 * experts:3 * experts] += r.counts
         stats[-2:] += (r.choices.size - r.counts.sum(), len(r.x))
     return stats
@@ -117,13 +136,15 @@ def gate_logit_gradient(routing, weight_grads, probability_grads):
 
     ``weight_grads`` (k, n): the gradients of the combine weights ``g`` (0 for
     dropped assignments, whose expert output is 0); ``probability_grads`` (E,): a
-    gradient added to every token's probabilities (`auxiliary_loss_gradient`).
+    gradient added to every token's probabilities (`auxiliary_loss_gradient`), in
+    the memory of the routing's arrays.
     Back through the softmax:
     ``dlogits = probs * (dprobs - sum(dprobs * probs))``.
     """
-    n = len(routing.x)
-    dprobs = np.tile(probability_grads, (n, 1))
+    n, xp = len(routing.x), array_module(routing.probs)
+    dprobs = xp.tile(probability_grads, (n, 1))
+    rows = xp.arange(n)
     for choice, experts in enumerate(routing.choices):
-        dprobs[np.arange(n), experts] += weight_grads[choice]
+        dprobs[rows, experts] += weight_grads[choice]
     probs = routing.probs
-    return probs * (dprobs - np.sum(dprobs * probs, axis=1, keepdims=True))
+    return probs * (dprobs - (dprobs * probs).sum(axis=1, keepdims=True))

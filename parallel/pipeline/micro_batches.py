@@ -9,10 +9,13 @@ Received messages (`Inbox`)
     The messages of one direction from one neighbour arrive in order. One receive is
     always posted ahead (``Irecv``), into a buffer from a pool that the stage refills
     once a micro-batch is done with its buffer, so that a message lands in place, in
-    memory that is already paged in.
+    memory that is already paged in. Buffers are allocated with the stage's array
+    module (``xp``: device buffers on a GPU, received through a staging
+    `kernels.device_comm.DeviceComm`).
 """
 import numpy as np
 
+from kernels.backend import array_module
 from parallel.nn.layers import Layer
 
 
@@ -49,7 +52,8 @@ def restore_caches(saved):
 
 def saved_bytes(saved):
     """Bytes of the arrays among the values recorded by `save_caches`."""
-    return sum(value.nbytes for _, _, value in saved if isinstance(value, np.ndarray))
+    return sum(value.nbytes for _, _, value in saved
+               if isinstance(value, np.ndarray) or array_module(value) is not np)
 
 
 class Inbox:
@@ -66,10 +70,12 @@ class Inbox:
     shape : tuple of int
         Per-sample shape of a message.
     dtype : numpy dtype
+    xp : module
+        Array module of the buffers (``numpy`` or ``cupy``).
     """
 
-    def __init__(self, comm, source, tag, shape, dtype):
-        self.comm, self.source, self.tag, self.shape, self.dtype = comm, source, tag, shape, dtype
+    def __init__(self, comm, source, tag, shape, dtype, xp=np):
+        self.comm, self.source, self.tag, self.shape, self.dtype, self.xp = comm, source, tag, shape, dtype, xp
         self.rows, self.pool, self.posted, self.remaining = None, [], None, 0
 
     def open(self, rows, count):
@@ -91,7 +97,7 @@ class Inbox:
 
     def _post(self):
         if self.remaining:
-            buffer = self.pool.pop() if self.pool else np.empty((self.rows,) + self.shape, self.dtype)
+            buffer = self.pool.pop() if self.pool else self.xp.empty((self.rows,) + self.shape, self.dtype)
             self.posted = (buffer, self.comm.Irecv(buffer, self.source, self.tag))
             self.remaining -= 1
 
@@ -111,4 +117,4 @@ class Inbox:
 
 def reusable(received, sent):
     """``received``, or None if ``sent`` (a message whose send may be pending) may view its memory."""
-    return None if np.may_share_memory(received, sent) else received
+    return None if array_module(received).may_share_memory(received, sent) else received

@@ -31,6 +31,15 @@ Timeline (`Pipeline.timeline`, last step)
     stage: fill and drain) and the idle share of all stages (the bubble plus what
     unequal stages cost): `parallel.pipeline.schedule.bubble_fraction`, ``idle_fraction``.
 
+Device arrays (CuPy)
+    A stage on a device communicator (``backend.comm(comm)``, a
+    `kernels.device_comm.DeviceComm`) runs on the device, as does one whose
+    parameters are device arrays (`kernels.backend.array_module`): received activations and gradients,
+    the gradient sum and the saved micro-batch state stay in device memory; pass
+    ``backend.comm(comm)`` (and ``data_comm``) so that every send synchronises the
+    stream first and is staged through host memory without a CUDA-aware MPI. Sends
+    are completed with `kernels.device_comm.poll_all` / ``wait_all``.
+
 Communication cost per step, stage ``s`` of ``p`` (inner stages; the first and last
 stages have half of it), boundary widths ``w_in``, ``w_out`` elements per sample and
 ``B`` bytes per element: ``2 m`` messages sent and ``2 m`` received, i.e.
@@ -40,6 +49,8 @@ parameters over ``data_comm`` when given.
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
+from kernels.device_comm import DeviceComm, poll_all, wait_all
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.pipeline.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
@@ -75,6 +86,8 @@ class Pipeline(GradientStep):
 
     Attributes
     ----------
+    xp : module
+        NumPy, or the device module (CuPy) on a device communicator or with device parameters.
     input_shape, output_shape : tuple of int
         Per-sample shapes of what this stage receives and sends forward.
     actions : list of (str, int)
@@ -105,13 +118,16 @@ class Pipeline(GradientStep):
         self.micro_batches, self.dtype = int(micro_batches), np.dtype(dtype)
         self.actions = stage_schedule(schedule, self.stages, self.stage, self.micro_batches)
         self._pairs = [pair for layer in self.layers for pair in layer.parameters()]
-        self._grad_sum = flatten_arrays([grad for _, grad in self._pairs])
+        # A device communicator puts the stage on the device even when it holds no parameter (a lone ReLU).
+        self.xp = comm.backend.xp if isinstance(comm, DeviceComm) else array_module(*(p for p, _ in self._pairs))
+        self._grad_sum = flatten_arrays([grad for _, grad in self._pairs]) if self._pairs else \
+            self.xp.zeros(0, self.dtype)
         self._grad_views = unflatten_vector(self._grad_sum, [grad.shape for _, grad in self._pairs])
         self.input_shape, self.output_shape = self._probe_shapes(tuple(input_shape))
         self._activations_in = None if self.first else Inbox(comm, self.stage - 1, _FORWARD_TAG,
-                                                             self.input_shape, self.dtype)
+                                                             self.input_shape, self.dtype, self.xp)
         self._gradients_in = None if self.last else Inbox(comm, self.stage + 1, _BACKWARD_TAG,
-                                                          self.output_shape, self.dtype)
+                                                          self.output_shape, self.dtype, self.xp)
         self.timeline, self.action_seconds = {}, []
         self.peak_in_flight = self.peak_activation_bytes = 0
 
@@ -175,9 +191,9 @@ class Pipeline(GradientStep):
         """Run ``actions`` in order, moving sends on after each; with ``wait``, wait for every send at the end."""
         for kind, index in actions:
             (self._forward if kind == FORWARD else self._backward)(index)
-            self._timed("send", MPI.Request.Testall, self._sends)
+            self._timed("send", poll_all, self._sends)
         if wait:
-            self._timed("send", MPI.Request.Waitall, self._sends)
+            self._timed("send", wait_all, self._sends)
             self._sends.clear()
 
     def _copy_gradients(self):
@@ -189,7 +205,7 @@ class Pipeline(GradientStep):
         """Per-sample input and output shapes of this stage: a one-sample zero forward, stage after stage."""
         if not self.first:
             input_shape = self.comm.recv(source=self.stage - 1, tag=_PROBE_TAG)
-        output_shape = self._forward_layers(np.zeros((1,) + input_shape, self.dtype)).shape[1:]
+        output_shape = self._forward_layers(self.xp.zeros((1,) + input_shape, self.dtype)).shape[1:]
         if not self.last:
             self.comm.send(output_shape, dest=self.stage + 1, tag=_PROBE_TAG)
         return input_shape, output_shape
@@ -212,7 +228,7 @@ class Pipeline(GradientStep):
         self.action_seconds.append(seconds)
 
     def _send(self, array, dest, tag):
-        buffer = np.ascontiguousarray(array, dtype=self.dtype)
+        buffer = self.xp.ascontiguousarray(array.astype(self.dtype, copy=False))
         self._sends.append(self._timed("send", self.comm.Isend, buffer, dest, tag))
 
     def _forward(self, index):

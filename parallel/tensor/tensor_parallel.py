@@ -44,6 +44,7 @@ included), whatever algorithm MPI picks.
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.errors import InputError
 from kernels.traffic import TrafficCounter
@@ -75,8 +76,9 @@ class CommCounter(TrafficCounter):
                 raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
                                  f"block_range layout {rows} of {total} tokens")
             width = int(np.prod(local.shape[1:]))
-            full = np.empty((total,) + local.shape[1:], dtype=local.dtype)
-            self.comm.Allgatherv(np.ascontiguousarray(local),
+            xp = array_module(local)
+            full = xp.empty((total,) + local.shape[1:], dtype=local.dtype)
+            self.comm.Allgatherv(xp.ascontiguousarray(local),
                                  [full, ([c * width for c in rows], [o * width for o in offsets])])
         self.add("allgather", full.nbytes)
         return full
@@ -86,8 +88,9 @@ class CommCounter(TrafficCounter):
         with self.timed():
             rows, _ = self._token_counts(full.shape[0])
             width = int(np.prod(full.shape[1:]))
-            local = np.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
-            self.comm.Reduce_scatter(np.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
+            xp = array_module(full)
+            local = xp.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
+            self.comm.Reduce_scatter(xp.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
                                      op=MPI.SUM)
         self.add("reduce_scatter", full.nbytes)
         return local
@@ -161,11 +164,11 @@ class ColumnParallelLinear(_ParallelLinear):
         super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=1)
 
     def forward(self, x):
-        x = np.asarray(x, dtype=self.dtype)
+        x = x.astype(self.dtype, copy=False)
         return super().forward(self.counter.allgather_rows(x) if self.sequence_parallel else x)
 
     def backward(self, dy_local):
-        partial = super().backward(np.asarray(dy_local, dtype=self.dtype))
+        partial = super().backward(dy_local.astype(self.dtype, copy=False))
         return self.counter.reduce_scatter_rows(partial) if self.sequence_parallel else \
             self.counter.allreduce(partial)
 
@@ -185,7 +188,7 @@ class RowParallelLinear(_ParallelLinear):
         super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=0)
 
     def forward(self, x_local):
-        x_local = np.asarray(x_local, dtype=self.dtype)
+        x_local = x_local.astype(self.dtype, copy=False)
         weight = self.params["weight"]
         if x_local.ndim != 2 or x_local.shape[1] != weight.shape[0]:
             raise InputError(f"RowParallelLinear: expected input of shape (batch, {weight.shape[0]}) on rank "
@@ -197,7 +200,7 @@ class RowParallelLinear(_ParallelLinear):
         return y
 
     def backward(self, dy):
-        dy = np.asarray(dy, dtype=self.dtype)
+        dy = dy.astype(self.dtype, copy=False)
         return super().backward(self.counter.allgather_rows(dy) if self.sequence_parallel else dy)
 
 

@@ -193,3 +193,37 @@ def test_rank_without_samples_and_global_batch_size_found_by_allreduce(comm):
     serial.backward(dlogits)
     expected = np.concatenate([grad.ravel() for _, grad in serial.parameters()])
     assert on_all_ranks(comm, relative_error(trainer.flat_grads, expected) <= 1e-12)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("options", [
+    dict(allreduce="mpi", overlap=True, bucket_bytes=SMALL_BUCKET, micro_batches=2),
+    dict(allreduce="ring", precision="bfloat16"),
+    dict(allreduce="mpi", precision="bfloat16", compute="bfloat16", bucket_bytes=SMALL_BUCKET),
+    dict(allreduce="recursive_doubling", compute="float16", micro_batches=3),
+])
+def test_device_trainer_takes_the_host_trainers_steps(comm, device_backend, options):
+    """Every exchange on the simulated device (staged, the hand-written ones as a whole call) equals the host."""
+    dtype = np.float32 if "compute" in options else np.float64
+    host = DataParallelTrainer(comm, tiny_mlp(3, dtype), **options)
+    device = DataParallelTrainer(device_backend.comm(comm), tiny_mlp(3, dtype).to(device_backend), **options)
+    host_sgd, device_sgd = SGD(host.parameters(), 0.1, 0.9), SGD(device.parameters(), 0.1, 0.9)
+    for x, y in batches((6,), dtype):
+        mine = shard(comm, len(x))
+        host.train_step(host_sgd, x[mine], y[mine], batch_size=len(x))
+        device.train_step(device_sgd, device_backend.from_host(x[mine]), device_backend.from_host(y[mine]),
+                          batch_size=len(x))
+    assert on_all_ranks(comm, device_backend.is_device_array(device.flat_params) and
+                        np.array_equal(device_backend.to_host(device.flat_params), host.flat_params))
+
+
+def test_bfloat16_mpi_exchange_with_a_cuda_aware_mpi_is_an_input_error():
+    """Its MPI op is Python code reading host memory: a CUDA-aware MPI would hand it device pointers."""
+    from fake_device import FakeCupy
+    from kernels.backend import Backend
+
+    cuda_aware = Backend("cupy", FakeCupy(), device_buffers_to_mpi=True, empty_pinned=np.empty)
+    comm = cuda_aware.comm(MPI.COMM_SELF)
+    with pytest.raises(InputError, match="bfloat16"):
+        DataParallelTrainer(comm, tiny_mlp(0).to(cuda_aware), precision="bfloat16")
+    DataParallelTrainer(comm, tiny_mlp(0).to(cuda_aware), allreduce="ring", precision="bfloat16")

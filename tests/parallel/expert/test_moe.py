@@ -132,3 +132,26 @@ def test_bytes_sent_count_rows_to_other_ranks_and_the_allreduces(comm):
 def test_experts_not_divisible_by_the_ranks_is_an_input_error(comm):
     with pytest.raises(InputError, match="spread evenly"):
         ParallelMoE(comm, 4, 4, comm.size + 1)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("top_k, capacity_factor, per_rank", [(1, 0.6, 5), (2, 0.5, 3), (2, 50.0, 0)])
+def test_parallel_on_the_device_equals_serial_on_the_host(comm, device_backend, top_k, capacity_factor, per_rank):
+    """Routing, dispatch and combine in device memory; per_rank 0: fewer tokens than ranks (empty shards)."""
+    p, hidden = comm.size, 4
+    tokens = per_rank * p + 1
+    layer = ParallelMoE(device_backend.comm(comm), hidden, 3, 2 * p, top_k, capacity_factor, seed=5,
+                        dtype=np.float64, aux_loss_weight=0.2)
+    serial = layer.serial_reference()
+    layer.to(device_backend)
+    x, dy = draw((tokens, hidden), 7), draw((tokens, hidden), 8)
+    mine = slice(*block_range(tokens, p, comm.rank))
+    y = layer.forward(device_backend.from_host(x[mine]))
+    dx = layer.backward(device_backend.from_host(dy[mine]))
+    expected_y, expected_dx = serial.forward(x, block_counts(tokens, p)), serial.backward(dy)
+    host = device_backend.to_host
+    assert agreed(comm, all(device_backend.is_device_array(a) for a in [y, dx, *layer.grads.values()]))
+    assert agreed(comm, close(host(y), expected_y[mine]) and close(host(dx), expected_dx[mine]))
+    assert agreed(comm, all(close(host(grad), serial.grads[name]) for name, grad in layer.grads.items()))
+    assert agreed(comm, (layer.dropped, layer.tokens) == (serial.dropped, tokens))
+    assert agreed(comm, layer.aux_loss == pytest.approx(serial.aux_loss, rel=RTOL))
