@@ -196,8 +196,7 @@ def fits(case, ranks, variant):
 
 def test_library_variants_stay_on_their_backend(device_backend):
     for case, variant, backend in [(Gemm(), "numpy", device_backend), (Gemv(), "numpy", device_backend),
-                                   (Blas1(), "numpy_dot", device_backend), (Gemm(), "cupy", get_backend("numpy")),
-                                   (Gemm(), "summa_lookahead", device_backend)]:
+                                   (Blas1(), "numpy_dot", device_backend), (Gemm(), "cupy", get_backend("numpy"))]:
         reason = case.unavailable(MPI.COMM_SELF, variant, backend)
         assert reason
         with pytest.raises(InputError, match=re.escape(reason)):
