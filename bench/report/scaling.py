@@ -24,6 +24,7 @@ from collections import defaultdict
 
 from bench.csvio import read_rows, row_problem
 from bench.registry import get_case
+from bench.report.model import for_projection
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
@@ -83,7 +84,7 @@ def _predict(case, key, ranks, calib):
     if case is None or calib is None:
         return None
     suite, benchmark, variant, backend, dtype, scaling, size, settings = key
-    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, calib)
+    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, dict(calib, point_dtype=dtype))
 
 
 def suite_kind(rows):
@@ -205,8 +206,10 @@ def serial_fractions(table):
 
 
 def projections(table, calib, rank_counts, suites=None):
-    """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model."""
+    """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model,
+    with inter-node message constants when the calibration has them (`bench.report.model.for_projection`)."""
     suites = suites or Suites()
+    calib = for_projection(calib)[0]
     keys = sorted({tuple(e[c] for c in GROUP) for e in table if e["kind"] == COMPUTE}, key=_sort_key)
     rows = []
     for key in keys:
