@@ -82,7 +82,7 @@ def _measure_pair(pair):
     if pair.rank == 0:
         large = [(n, t) for n, t in zip(PINGPONG_SIZES, times) if n >= SLOPE_FROM]
         beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
-        alpha = max(times[0] - overhead - PINGPONG_SIZES[0] * beta, 0.0)
+        alpha = max(times[0] - overhead - PINGPONG_SIZES[0] * beta, 1e-9)  # > 0: below the clock's resolution
         result = dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead,
                       pingpong=[[n, t] for n, t in zip(PINGPONG_SIZES, times)])
         result.update(_local_rates())

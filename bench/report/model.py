@@ -86,8 +86,12 @@ def for_projection(calib):
     """``(constants, note)``: the constants a projection uses (inter-node messages when given) and which."""
     if "inter" in calib:
         return dict(calib, **{key: calib["inter"][key] for key in MESSAGE_KEYS}), \
-            f"inter-node message constants of {calib['inter']['path']}, compute rates of {calib['path']}"
-    return calib, f"{calib['scope']} constants of {calib['path']} (no inter-node calibration given)"
+            f"inter-node message constants of {calib['inter']['path']}, compute rates of {_source(calib)}"
+    return calib, f"{calib.get('scope', 'intra-node')} constants of {_source(calib)} (no inter-node calibration given)"
+
+
+def _source(calib):
+    return calib.get("path", "the calibration given")
 
 
 def log2_ceil(p):
