@@ -265,20 +265,17 @@ class DataParallel(Case):
         return summary
 
     def predict(self, variant, size, ranks, calib):
-        """One step of the MLP on this rank's ceil(n / p) samples: per layer one forward and two backward
-        GEMMs (`costs.gemm`) and a few element-wise calls, the gather of the batch, the allreduce of the
-        gradients (after backward; ``mpi_overlap``: behind it) and the SGD update (3 passes over the
-        parameters). None for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
+        """One step of the MLP on this rank's ceil(n / p) samples (`costs.dense_layers`), the gather of
+        the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
+        SGD update (3 passes over the parameters). None for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
         settings = read_settings(self.settings, variant)
         if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
                 ("mlp", "full", "full", 1):
             return None
         item, batch = costs.itemsize(calib), math.ceil(size / ranks)
         widths = (DATA_SHAPES.get(settings["dataset"], (0, 784))[1], 256, 128, 10)
-        layers = list(zip(widths, widths[1:]))
-        parameters = sum((inputs + 1) * outputs for inputs, outputs in layers) * item
-        forward = sum(costs.gemm(calib, batch, o, i, ranks) + costs.calls(calib, 4) for i, o in layers)
-        backward = sum(2 * costs.gemm(calib, batch, o, i, ranks) + costs.calls(calib, 6) for i, o in layers)
+        parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])) * item
+        forward, backward = costs.dense_layers(calib, widths, batch, ranks)
         exchange = costs.allreduce(calib, parameters, ranks, settings["allreduce"])
         rest = costs.copy(calib, batch * widths[0] * item) + 3 * costs.reduction(calib, parameters)
         return forward + rest + (max(backward, exchange) if settings["overlap"] else backward + exchange)

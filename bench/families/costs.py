@@ -131,3 +131,23 @@ def alltoall(calib, nbytes, ranks):
 def calls(calib, count):
     """``count`` small NumPy calls (the Python path of element-wise steps), at the 8-byte reduction's time."""
     return count * reduction(calib, 8)
+
+
+def dense_layers(calib, widths, rows, ranks, split=1):
+    """``(forward, backward)`` seconds of Linear layers ``widths[i] -> widths[i + 1]`` (each followed by an
+    element-wise step) on ``rows`` rows, output widths split ``split`` ways: per layer one GEMM forward,
+    two backward, and a few element-wise calls."""
+    item = itemsize(calib)
+    layers = [(inputs, math.ceil(outputs / split)) for inputs, outputs in zip(widths, widths[1:])]
+    forward = sum(gemm(calib, rows, o, i, ranks) + copy(calib, rows * o * item) + calls(calib, 4) for i, o in layers)
+    backward = sum(2 * gemm(calib, rows, o, i, ranks) + 2 * copy(calib, rows * o * item) + calls(calib, 6)
+                   for i, o in layers)
+    return forward, backward
+
+
+def pipeline(calib, stage_s, activation_bytes, micro_batches, stages, flush=True):
+    """A pipeline step: ``m + p - 1`` slots of the busiest stage's micro-batch time (``m`` without a flush:
+    PipeDream's steady state) and, on several stages, a forward and a backward message per micro-batch."""
+    slots = micro_batches + (stages - 1 if flush else 0)
+    sends = 2 * micro_batches * message(calib, activation_bytes) if stages > 1 else 0.0
+    return slots * stage_s + sends

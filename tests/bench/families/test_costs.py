@@ -7,7 +7,9 @@ from tests.bench.report_rows import calibration
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
 #: Every message costs ALPHA + OVERHEAD from Python, ALPHA inside MPI; nothing else costs anything.
-LATENCY_ONLY = calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30)
+LATENCY_ONLY = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30), kernel_rows=1e30)
+MESSAGE = ALPHA + OVERHEAD
+SVM_POINT = dict(n_iter=10, n_features=784)
 
 
 def test_interpolate_is_flat_below_linear_between_and_extrapolated_above():
@@ -49,16 +51,20 @@ MODELLED = [
     ("tp", "sequence", (64, 512, 4096), {}), ("conv", "forward", (64, 256, 1024), {}),
     ("conv", "forward_backward_overlap", (64, 256, 1024), {}), ("attention", "ring", (256, 1024, 4096), {}),
     ("attention", "ulysses", (256, 1024, 4096), {}), ("attention", "full", (256, 1024, 4096), {}),
+    ("pp", "1f1b", (64, 256, 1024), {}), ("pp", "pipedream", (64, 256, 1024), {}),
+    ("hybrid", "dp", (64, 256, 1024), {}), ("hybrid", "tp", (64, 256, 1024), {}),
+    ("moe", "top2", (512, 2048, 8192), {}), ("ps", "sync", (64, 256, 1024), {}),
+    ("svm", "dis_smo", (500, 1000, 2000), {"point_params": SVM_POINT}),
 ]
 
 
 @pytest.mark.parametrize("suite, variant, sizes, settings", MODELLED)
 def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant, sizes, settings):
-    case, calib = get_case(suite), calibration()
+    case, calib = get_case(suite), dict(calibration(), **settings)
     ranks = 2
     predicted = [case.predict(variant, size, ranks, calib) for size in sizes]
     assert all(p > 0 for p in predicted) and predicted == sorted(predicted) and predicted[0] < predicted[-1]
-    if suite != "p2p":
+    if suite not in ("p2p", "ps"):  # both need two ranks
         assert case.predict(variant, sizes[0], 1, calib) > 0
 
 
@@ -73,9 +79,20 @@ def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant,
     ("attention", "ring", 3, 2 * (ALPHA + OVERHEAD)),           # p - 1 K / V transfers, not hidden
     ("attention", "ulysses", 2, 4 * (OVERHEAD + ALPHA)),        # q, k, v in and o out
     ("dp", "mpi", 2, OVERHEAD + ALPHA),                         # one MPI allreduce, one round on 2 ranks
+    ("pp", "1f1b", 2, 2 * 8 * MESSAGE),                         # an activation each way per micro-batch (m = 8)
+    ("hybrid", "tp", 2, 4 * 4 * 2 * MESSAGE),                   # m = 4 micro-batches x 4 blocks x 2 allreduces
+    ("moe", "top1", 2, 2 * 3 * MESSAGE + 2 * MESSAGE),          # counts, dispatch, combine per pass; 2 allreduces
+    ("ps", "sync", 2, 4 * MESSAGE),                             # one worker: request, gradient, shard, end
+    ("svm", "dis_smo", 2, 2 * 10 * MESSAGE + MESSAGE),          # two allreduces per iteration, the final gather
 ])
 def test_predictions_count_the_suites_messages(suite, variant, ranks, messages):
-    assert get_case(suite).predict(variant, 1024, ranks, LATENCY_ONLY) == pytest.approx(messages, rel=1e-6)
+    calib = dict(LATENCY_ONLY, point_params=SVM_POINT)
+    assert get_case(suite).predict(variant, 1024, ranks, calib) == pytest.approx(messages, rel=1e-6)
+
+
+@pytest.mark.parametrize("variant, params", [("dis_smo", {}), ("cascade", SVM_POINT), ("smo", SVM_POINT)])
+def test_svm_is_modelled_for_dis_smo_with_its_iterations_only(variant, params):
+    assert get_case("svm").predict(variant, 1000, 2, dict(calibration(), point_params=params)) is None
 
 
 def test_the_point_dtype_selects_the_rates():
