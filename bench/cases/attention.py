@@ -207,7 +207,8 @@ class Attention(Case):
         """The score flops at the calibrated rate of the serial kernel (`costs.suite_rate`); ``full`` on one
         rank; ``ring`` / ``ring_zigzag``: p steps of the busiest rank's block (contiguous causal: p - 1/2
         blocks), each of the first p - 1 overlapped with the K / V transfer (K, V, dK, dV backward):
-        the slower of the two; ``ulysses``: the heads split, four all-to-alls of a rank's tokens (eight with backward)."""
+        the slower of the two; ``ulysses``: the heads split, four all-to-alls of a rank's tokens (eight
+        with backward)."""
         cfg = self.config
         item, backward = costs.itemsize(calib), cfg["backward"]
         flops = (4 + (10 if backward else 0)) * size**2 * cfg["heads"] * cfg["dim"] * (0.5 if cfg["causal"] else 1)

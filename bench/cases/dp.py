@@ -267,7 +267,8 @@ class DataParallel(Case):
     def predict(self, variant, size, ranks, calib):
         """One step of the MLP on this rank's ceil(n / p) samples (`costs.dense_layers`), the gather of
         the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
-        SGD update (3 passes over the parameters). None for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
+        SGD update (3 passes over the parameters). None for the CNNs, 16-bit exchange or compute, and
+        accumulation (not modelled)."""
         settings = read_settings(self.settings, variant)
         if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
                 ("mlp", "full", "full", 1):

@@ -140,8 +140,8 @@ class TensorParallel(Case):
             return compute
         if variant == "allreduce":
             return compute + 2 * costs.allreduce(calib, activations, ranks)
-        return compute + 2 * (costs.allgather(calib, activations, ranks) + costs.reduce_scatter(calib, activations, ranks)
-                              + costs.allgather(calib, 8 * ranks, ranks))
+        exchange = costs.allgather(calib, activations, ranks) + costs.reduce_scatter(calib, activations, ranks)
+        return compute + 2 * (exchange + costs.allgather(calib, 8 * ranks, ranks))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's

@@ -125,7 +125,7 @@ def _proc_null_seconds(comm, calls=2000):
 def _seconds_per_call(function, repeats=5, least=0.02):
     """Median seconds of ``function()``, each sample looping until it lasts ``least`` seconds."""
     function()
-    start, loops = MPI.Wtime(), 1
+    start = MPI.Wtime()
     function()
     once = max(MPI.Wtime() - start, 1e-7)
     loops = max(1, int(least / once))
