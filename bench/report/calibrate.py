@@ -171,8 +171,8 @@ def _gemm_rates(dtype):
 
 def _memory_tables():
     reduce_table, copy_table = [], []
-    warm = np.ones(1)
-    _seconds_per_call(lambda: np.add(warm, warm, out=warm))  # the first timed calls run slower: not in the table
+    warm, zero = np.ones(1), np.zeros(1)
+    _seconds_per_call(lambda: np.add(warm, zero, out=warm))  # the first timed calls run slower: not in the table
     for nbytes in LOCAL_SIZES:
         vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
         reduce_table.append([nbytes, _seconds_per_call(lambda: np.add(vector, other, out=vector))])
