@@ -165,9 +165,11 @@ class Case:
         """Release what `setup` made that outlives the point (communicators); called on every rank."""
 
     def predict(self, variant, size, ranks, calib):
-        """Modelled seconds of one run from the alpha-beta-gamma constants ``calib`` (see
-        `bench.report.model`), or None when the suite declares no cost model. ``size`` is the
-        problem size (after `problem_size`)."""
+        """Modelled seconds of one run from the constants ``calib`` (see `bench.report.model`; terms
+        in `bench.families.costs`), or None when the suite declares no cost model for ``variant``.
+        ``size`` is the problem size (after `problem_size`). The report adds the point's
+        ``point_dtype`` and recorded ``point_params`` (a dict; a projection gets a measured
+        row's) to ``calib``."""
         return None
 
     def params(self, state):

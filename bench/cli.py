@@ -49,10 +49,12 @@ def build_parser():
     report.add_argument("--format", choices=("text", "json"), default="text",
                         help="stdout: the notes (text) or the report as one JSON document (json; notes on stderr)")
     report.add_argument("--json", metavar="PATH", help="also write the report as a JSON document to PATH")
-    report.add_argument("--model", help="calibration JSON from `mlscale calibrate`: predicted beside measured")
+    report.add_argument("--model", action="append", help="calibration JSON from `mlscale calibrate`: predicted "
+                        "beside measured; twice for an intra-node and an inter-node file (projections use the latter)")
     report.add_argument("--project", help="rank counts to extrapolate to with --model, e.g. 64,256,1024")
     report.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
-    calibrate = commands.add_parser("calibrate", help="measure alpha, beta, gamma on 2 ranks; write JSON")
+    calibrate = commands.add_parser("calibrate", help="measure the cost models' constants on 2 ranks "
+                                      "(inside a two-node allocation: between the nodes); write JSON")
     calibrate.add_argument("--out", default="calib.json", help="where to write the constants")
     calibrate.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
     calibrate.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
@@ -187,10 +189,10 @@ def _strip_options(argv, options):
 
 def command_report(args, out, err):
     """Write the report's files; print its notes, or (``--format json``) the JSON document with notes on stderr."""
-    from bench.report.model import load_calibration
+    from bench.report.model import load_calibrations
     from bench.report.output import dumps, write_report
 
-    calib = load_calibration(args.model) if args.model else None
+    calib = load_calibrations(args.model) if args.model else None
     if args.project and not calib:
         raise InputError("--project needs --model CALIB.json (run mlscale calibrate first)")
     project = parse_ranks(args.project, 1 << 40) if args.project else ()
@@ -211,7 +213,7 @@ def command_calibrate(args, argv, out):
         return run_under_mpi(2, args.launcher, forwarded)
     import json
 
-    from bench.report.model import calibrate
+    from bench.report.calibrate import calibrate
 
     comm = _mpi_world()
     constants = calibrate(comm)
@@ -221,7 +223,8 @@ def command_calibrate(args, argv, out):
                 json.dump(constants, handle, indent=2)
         except OSError as error:
             raise InputError(f"cannot write {args.out}: {error.strerror}") from None
-        out(f"calibrate: alpha {constants['alpha_s'] * 1e6:.2f} us, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"
+        out(f"calibrate ({constants['scope']}): overhead {constants['overhead_s'] * 1e6:.2f} us + alpha "
+            f"{constants['alpha_s'] * 1e6:.2f} us per message, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"
             f" GB/s, 1/gamma {1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy "
             f"{constants['memcpy_bytes_per_s'] / 1e9:.2f} GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} "
             f"GFLOP/s per thread -> {args.out}")

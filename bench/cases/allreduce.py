@@ -11,10 +11,9 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, bandwidth_metrics
-from bench.report.model import log2_ceil
+from bench.families import costs
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
-from parallel.collectives.auto import choose
 from parallel.collectives.nccl import NcclAllreduce, unavailable_reason
 
 SEED = 2024
@@ -100,33 +99,11 @@ class Allreduce(Case):
         return bandwidth_metrics("allreduce", state.recv.nbytes, state.comm.size, seconds)
 
     def predict(self, variant, size, ranks, calib):
-        """Alpha-beta-gamma cost of each algorithm for ``size`` bytes on ``ranks`` ranks.
-
-        With p' the largest power of two <= p, non-powers of two add a fold
-        (2 alpha + 2 n beta + n gamma). ring: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma;
-        recursive doubling: log2 p' (alpha + n beta + n gamma); Rabenseifner:
-        2 log2 p' alpha + 2(p'-1)/p' n beta + (p'-1)/p' n gamma; tree: ceil(log2 p)
-        (2 alpha + 2 n beta + n gamma); mpi: the cheaper of recursive doubling and
-        Rabenseifner (MPICH's choice by size); auto: the algorithm it chooses. One rank: a copy of n bytes.
-        """
+        """`bench.families.costs.allreduce` of ``size`` bytes by ``variant`` on ``ranks`` ranks, plus the
+        Python call of the run (one rank: a copy)."""
         if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
             return None
-        alpha, beta, gamma = calib["alpha_s"], calib["beta_s_per_byte"], calib["gamma_s_per_byte"]
-        n, p = size, ranks
-        if p == 1:
-            return n / calib["memcpy_bytes_per_s"]
-        pow2 = 1 << (p.bit_length() - 1)
-        rounds = pow2.bit_length() - 1
-        fold = 0.0 if p == pow2 else 2 * alpha + 2 * n * beta + n * gamma
-        costs = {
-            "ring": 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma,
-            "recursive_doubling": fold + rounds * (alpha + n * beta + n * gamma),
-            "rabenseifner": fold + 2 * rounds * alpha + (pow2 - 1) / pow2 * n * (2 * beta + gamma),
-            "tree": log2_ceil(p) * (2 * alpha + 2 * n * beta + n * gamma),
-        }
-        costs["mpi"] = min(costs["recursive_doubling"], costs["rabenseifner"])
-        costs["auto"] = costs[choose(p, n)]
-        return costs[variant]
+        return calib["overhead_s"] + costs.allreduce(calib, size, ranks, variant)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Send and receive buffers of ``problem`` bytes, one more for the algorithm's scratch on

@@ -50,6 +50,7 @@ from typing import Optional
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.settings import Setting, flag, integer
 from bench.sweep import sleeping_barrier
 from kernels.distribution import block_range
@@ -206,6 +207,26 @@ class Attention(Case):
         gathered = [_gather_tokens(state, array) for array in result[:2]] if state.settings["backward"] else []
         pairs = _reference_pairs(state, result, rows, positions[rows], gathered) if len(rows) else []
         return sum(_count_wrong(actual, expected, TOLERANCES[state.dtype]) for actual, expected in pairs)
+
+    def predict(self, variant, size, ranks, calib):
+        """The score flops at the calibrated rate of the serial kernel (`costs.suite_rate`); ``full`` on one
+        rank; ``ring`` / ``ring_zigzag``: p steps of the busiest rank's block (contiguous causal: p - 1/2
+        blocks), each of the first p - 1 overlapped with the K / V transfer (K, V, dK, dV backward):
+        the slower of the two; ``ulysses``: the heads split, four all-to-alls of a rank's tokens (eight
+        with backward)."""
+        cfg = self.config
+        item, backward = costs.itemsize(calib), cfg["backward"]
+        flops = (4 + (10 if backward else 0)) * size**2 * cfg["heads"] * cfg["dim"] * (0.5 if cfg["causal"] else 1)
+        rate = costs.suite_rate(calib, "attention", "full", ranks)
+        if variant == "full" or ranks == 1:
+            return flops / rate
+        shard = math.ceil(size / ranks) * cfg["heads"] * cfg["dim"] * item
+        if variant == "ulysses":
+            return flops / ranks / rate + (8 if backward else 4) * costs.alltoall(calib, shard, ranks)
+        blocks = ranks - 0.5 if cfg["causal"] and variant == "ring" else (ranks / 2 if cfg["causal"] else ranks)
+        step = flops / (0.5 if cfg["causal"] else 1) / ranks**2 / rate
+        transfer = costs.message(calib, (4 if backward else 2) * shard)
+        return blocks * step + (ranks - 1) * max(transfer - step, 0.0) * (2 if backward else 1)
 
     def metrics(self, state, seconds):
         """Rates of the point; collective (allgathers of a few numbers), as the harness calls it on every rank."""

@@ -43,6 +43,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.settings import Setting, choice, integer
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
@@ -237,6 +238,25 @@ class HaloConv(Case):
         return dict(state.settings, grid="x".join(map(str, grid.dims)),
                     tile="x".join(map(str, state.conv.in_shape)), halo_bytes_per_rank=state.halo_bytes,
                     overlap=state.conv.overlap, stride=1, padding="same", halo_share=_halo_share(state))
+
+    def predict(self, variant, size, ranks, calib):
+        """The convolution flops of a tile at the calibrated rate of this suite's kernel (`costs.suite_rate`)
+        and, on a grid, the halo exchange: per split axis two messages of ``N C k//2`` rows of the tile's
+        side, packed and unpacked (forward; the reverse exchange again with backward); the ``_overlap``
+        variants hide the exchange behind the interior."""
+        settings = read_settings(self.settings)
+        channels, kernel, batch = settings["channels"], settings["kernel"], settings["batch"]
+        backward = variant.startswith("forward_backward")
+        flops = 2 * batch * channels**2 * kernel**2 * size**2 * (3 if backward else 1) / ranks
+        compute = flops / costs.suite_rate(calib, "conv", "forward_backward" if backward else "forward", ranks)
+        dims = MPI.Compute_dims(ranks, [0, 0])
+        halo = 0.0
+        for axis, parts in enumerate(dims):
+            if parts > 1:
+                edge = batch * channels * (kernel // 2) * (size / dims[1 - axis] + kernel - 1) * costs.itemsize(calib)
+                halo += 2 * costs.message(calib, edge) + 4 * costs.copy(calib, edge)
+        halo *= 2 if backward else 1
+        return max(compute, halo) if variant.endswith("_overlap") else compute + halo
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Tiles of ``N C ceil(H / pr) ceil(W / pc)`` elements: x, its padded copy and y, with

@@ -57,6 +57,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.families.memory import peak_rss_mib, reset_peak_rss
 from bench.settings import Setting, byte_size, choice, integer
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
@@ -269,6 +270,23 @@ class DataParallel(Case):
             trainer.sync_model()
             summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
         return summary
+
+    def predict(self, variant, size, ranks, calib):
+        """One step of the MLP on this rank's ceil(n / p) samples (`costs.dense_layers`), the gather of
+        the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
+        SGD update (3 passes over the parameters). None for the CNNs, 16-bit exchange or compute, and
+        accumulation (not modelled)."""
+        settings = read_settings(self.settings, variant)
+        if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
+                ("mlp", "full", "full", 1):
+            return None
+        item, batch = costs.itemsize(calib), math.ceil(size / ranks)
+        widths = (DATA_SHAPES.get(settings["dataset"], (0, 784))[1], 256, 128, 10)
+        parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])) * item
+        forward, backward = costs.dense_layers(calib, widths, batch, ranks)
+        exchange = costs.allreduce(calib, parameters, ranks, settings["allreduce"])
+        rest = costs.copy(calib, batch * widths[0] * item) + 3 * costs.reduction(calib, parameters)
+        return forward + rest + (max(backward, exchange) if settings["overlap"] else backward + exchange)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its

@@ -44,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_wrong, restore, serial_step_parameters,
                                      synthetic_batch)
 from bench.settings import Setting, choice, integer
@@ -135,6 +136,27 @@ class Hybrid(Case):
 
     def iterations(self, size):
         return 5, 1
+
+    def predict(self, variant, size, ranks, calib):
+        """A (dp, tp, pp) step: per micro-batch of ceil(n / dp) / m samples a stage runs its ceil(blocks / pp)
+        blocks (six GEMMs of the ffn / tp shard, `costs.dense_layers`, and two tensor ``Allreduce`` of
+        the block's activations); `costs.pipeline` over the stages; then the gradient allreduce over dp
+        and the SGD update."""
+        try:
+            self.check_ranks(ranks, variant)
+        except InputError:
+            return None
+        dp, tp, pp = grid_for(variant, ranks, self.grid)
+        item, m = costs.itemsize(calib), self.micro_batches
+        rows = math.ceil(math.ceil(size / dp) / m)
+        blocks = math.ceil(self.blocks / pp)
+        forward, backward = costs.dense_layers(calib, (self.hidden, self.ffn, self.hidden), rows, ranks, split=tp)
+        tensor = 2 * costs.allreduce(calib, rows * self.hidden * item, tp) if tp > 1 else 0.0
+        stage = blocks * (forward + backward + tensor)
+        gradients = blocks * (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
+        exchange = costs.allreduce(calib, gradients, dp) if dp > 1 else 0.0
+        return (costs.pipeline(calib, stage, rows * self.hidden * item, m, pp) + exchange
+                + costs.reduction(calib, gradients))
 
     def teardown(self, state):
         state.trainer.free()

@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.settings import Setting, integer, number
 from kernels.distribution import block_counts, block_range
@@ -107,6 +108,27 @@ class MixtureOfExperts(Case):
         x, dy = (backend.from_host(rng.standard_normal((size, settings["hidden"])).astype(dtype)) for _ in range(2))
         return MeasuredState(comm, variant, dtype, size, settings, layer.to(backend), x, dy,
                              slice(*block_range(size, comm.size, comm.rank)), backend=backend)
+
+    def predict(self, variant, size, ranks, calib):
+        """Balanced routing: the gate GEMMs of a rank's ceil(T / p) tokens over the E experts, k rows per token
+        through its experts (six GEMMs each, `costs.dense_layers` of hidden -> ffn -> hidden), a handful
+        of routing passes, and per pass an ``Alltoall`` of counts and two ``Alltoallv`` of the routed
+        rows (dispatch, combine), then the allreduce of the gate gradient and the statistics. An uneven
+        routing (``load_imbalance`` in params) makes the busiest rank slower than this."""
+        try:
+            self.check_ranks(ranks, variant)
+        except InputError:
+            return None
+        cfg, k, item = self.config, TOP_K[variant], costs.itemsize(calib)
+        tokens, experts = math.ceil(size / ranks), cfg["experts_per_rank"] * ranks
+        rows = math.ceil(k * tokens / cfg["experts_per_rank"])
+        forward, backward = costs.dense_layers(calib, (cfg["hidden"], cfg["ffn"], cfg["hidden"]), rows, ranks)
+        gate = 3 * costs.gemm(calib, tokens, experts, cfg["hidden"], ranks) + costs.calls(calib, 40)
+        routed = k * tokens * cfg["hidden"] * item
+        exchange = 2 * (costs.alltoall(calib, 8 * ranks, ranks) + 2 * costs.alltoall(calib, routed, ranks)
+                        + 2 * costs.copy(calib, routed))
+        reduce = costs.allreduce(calib, cfg["hidden"] * experts * item, ranks) + costs.allreduce(calib, 64, ranks)
+        return cfg["experts_per_rank"] * (forward + backward) + gate + exchange + reduce
 
     def run(self, state):
         run_forward_backward(state)

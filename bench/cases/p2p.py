@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, bandwidth_metrics
+from bench.families import costs
 from kernels.errors import InputError
 
 #: Messages in flight per bandwidth run (OSU's default window).
@@ -88,12 +89,13 @@ class PointToPoint(Case):
         return bandwidth_metrics("sendrecv", WINDOW * state.size, 2, seconds)
 
     def predict(self, variant, size, ranks, calib):
-        """latency: a round trip, 2 (alpha + n beta); bandwidth: a pipelined window and
-        its acknowledgement, 2 alpha + W n beta."""
-        alpha, beta = calib["alpha_s"], calib["beta_s_per_byte"]
+        """latency: a round trip, two one-way messages of the calibrated ping-pong table; bandwidth:
+        W pipelined messages (a Python call and the transfer of n bytes each, ``message(n) - message(8)``)
+        after the first one's latency, and the acknowledgement."""
         if variant == "latency":
-            return 2 * (alpha + size * beta)
-        return 2 * alpha + WINDOW * size * beta
+            return 2 * costs.message(calib, size)
+        latency = costs.message(calib, 8)
+        return 2 * latency + WINDOW * (calib["overhead_s"] + costs.message(calib, size) - latency)
 
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}

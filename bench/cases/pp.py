@@ -65,9 +65,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_samples, count_wrong, mnist_batch,
                                      restore, serial_step_parameters, synthetic_batch)
 from bench.settings import Setting, choice, integer
+from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import flat_storage, mlp, mnist_cnn
@@ -179,6 +181,26 @@ class PipelineSuite(Case):
         return _State(comm, backend, dtype, size, variant, stage, optimizer, data,
                       [param.copy() for param, _ in stage.parameters()], offset, bounds,
                       [sum(layer_parameter_count(layer) for layer in layers[a:b]) for a, b in bounds])
+
+    def predict(self, variant, size, ranks, calib):
+        """MLP with ``layers`` balance: the busiest stage's Linear layers (`costs.dense_layers`) on one
+        micro-batch of n / m samples, `costs.pipeline` of it (``m + p - 1`` slots for gpipe and 1f1b,
+        ``m`` for PipeDream's steady state, an activation message each way per micro-batch), and the SGD
+        update of the stage. None for the CNN and the other balances (stage times not modelled)."""
+        if self.model != "mlp" or self._balance(ranks) != "layers" or size % self.micro_batches:
+            return None
+        try:
+            self.check_ranks(ranks, variant)
+        except InputError:
+            return None
+        item, rows = costs.itemsize(calib), size // self.micro_batches
+        linears = max(sum(1 for index in range(*block_range(self._layer_count(), ranks, rank)) if index % 2 == 0)
+                      for rank in range(ranks))  # layers alternate Linear, ReLU
+        forward, backward = costs.dense_layers(calib, (self.width, self.width), rows, ranks)
+        stage = linears * (forward + backward)
+        update = costs.reduction(calib, linears * (self.width + 1) * self.width * item)
+        return costs.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks,
+                              flush=variant != PIPEDREAM) + update
 
     def _partition(self, comm, layers, rows, dtype):
         balance = self._balance(comm.size)

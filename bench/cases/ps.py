@@ -31,12 +31,14 @@ workers' share of time spent waiting on pulls and pushes) or ``max_staleness``
 max_staleness, mean_staleness.
 """
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.settings import Setting, choice, integer
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
@@ -126,6 +128,25 @@ class ParameterServerSuite(Case):
                              servers=self.servers, staleness=self.staleness)
         images, labels = (backend.from_host(part) for part in training_images(self.model_name, dtype))
         return _State(comm, backend, variant, dtype, size, self.model_name, model, ps, images, labels)
+
+    def predict(self, variant, size, ranks, calib):
+        """The MLP (`costs.dense_layers`) on a worker's ceil(n / W) samples; per server shard of P / S
+        parameters, the busiest server receives W gradient shards and sends W parameter shards one by
+        one (blocking: in sequence), and adds each gradient (SGD); a request and an end notice per worker.
+        None for the CNN."""
+        try:
+            check_roles(ranks, self.servers)
+        except InputError:
+            return None
+        if self.model_name != "mlp":
+            return None
+        widths, workers, item = (784, 256, 128, 10), ranks - self.servers, costs.itemsize(calib)
+        parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:]))
+        shard = math.ceil(parameters / self.servers) * item
+        forward, backward = costs.dense_layers(calib, widths, math.ceil(size / workers), ranks)
+        server = workers * (2 * costs.message(calib, shard) + 2 * costs.reduction(calib, shard)
+                            + 2 * costs.message(calib, 16))
+        return forward + backward + server
 
     def run(self, state):
         ps = state.ps

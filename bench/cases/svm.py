@@ -45,6 +45,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.settings import Setting
 from bench.sweep import sleeping_barrier
 from kernels.backend import get_backend
@@ -145,6 +146,23 @@ class SVMSuite(Case):
 
     def iterations(self, size):
         return 3, 1
+
+    def predict(self, variant, size, ranks, calib):
+        """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
+        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
+        small ``Allreduce`` with a Python reduction op, a dozen NumPy calls and four passes over a rank's
+        n / p gradient entries; every kernel row computed once over the rank's n / p columns at the
+        calibrated RBF rate (scaled by ``n_features`` / 784); the final gathers. None for the other
+        variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
+        function of the constants, so a model would only restate the measurement."""
+        params = calib.get("point_params") or {}
+        if variant != "dis_smo" or not params.get("n_iter"):
+            return None
+        iterations, local = int(params["n_iter"]), size / ranks
+        step = 2 * (costs.allreduce(calib, 96, ranks) + costs.calls(calib, 2)) + costs.calls(calib, 12) + \
+            4 * costs.copy(calib, 8 * local)
+        rows = min(size, 2 * iterations) * local / calib["kernel_rows"] * params.get("n_features", 784) / 784
+        return iterations * step + rows + costs.allgather(calib, 8 * size, ranks)
 
     def setup(self, comm, size, variant, backend, dtype):
         reason = self.unavailable(comm, variant, backend)

@@ -43,6 +43,7 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.settings import Setting, integer
 from kernels.errors import InputError
@@ -132,6 +133,21 @@ class TensorParallel(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
+
+    def predict(self, variant, size, ranks, calib):
+        """Six GEMMs of (T, h) x (h, ceil(f / p)) (two forward, four backward; `costs.gemm`), the ReLU,
+        and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
+        of T h (sequence)."""
+        hidden, ffn = self.config["hidden"], self.config["ffn"]
+        item, local = costs.itemsize(calib), math.ceil(ffn / ranks)
+        compute = 6 * costs.gemm(calib, size, local, hidden, ranks) + 3 * costs.copy(calib, size * local * item)
+        activations = size * hidden * item
+        if variant == "serial":
+            return compute
+        if variant == "allreduce":
+            return compute + 2 * costs.allreduce(calib, activations, ranks)
+        exchange = costs.allgather(calib, activations, ranks) + costs.reduce_scatter(calib, activations, ranks)
+        return compute + 2 * (exchange + costs.allgather(calib, 8 * ranks, ranks))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's

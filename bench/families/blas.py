@@ -52,7 +52,6 @@ comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup),
 tf32 (gemv, gemm: whether CuPy computes float32 products in TF32; false on numpy).
 """
 import math
-import os
 from collections import namedtuple
 from dataclasses import dataclass, field
 
@@ -61,6 +60,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info
 
 from bench.case import Case, Metrics
+from bench.families import costs
 from bench.settings import Setting, integer
 from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
@@ -283,12 +283,13 @@ class BlasCase(Case):
         return TF32_EPS if state.params.get("tf32") and np.dtype(state.dtype) == np.float32 else None
 
     def predict(self, variant, size, ranks, calib):
-        """Alpha-beta cost of the messages and words of `cost` (float64) plus the computation.
+        """Cost of the messages and words of `cost` (float64) plus the computation.
 
-        Computation: ``flops / (gemm_flops_per_s x threads)`` for GEMM, with threads =
-        this machine's cores / ranks (at least 1: the harness's default); memory-bound
-        suites stream their words at ``2 x memcpy_bytes_per_s`` (a copy reads and writes
-        each byte). None when ``variant`` cannot run on ``ranks`` ranks.
+        Computation: ``flops`` at the calibrated GEMM rate of a rank's block size (n / sqrt p)
+        and threads (`bench.families.costs.gemm`); memory-bound suites stream their words
+        as a copy of half as many (a copy reads and writes each byte). Messages: the
+        calibrated one-way time of a message of the mean size; one Python call per run.
+        None when ``variant`` cannot run on ``ranks`` ranks.
         """
         try:
             self.check_ranks(ranks, variant)
@@ -296,7 +297,10 @@ class BlasCase(Case):
             return None
         cost = self.cost(variant, size, ranks)
         if self.compute_bound:
-            compute = cost.flops / (calib["gemm_flops_per_s"] * max(1, (os.cpu_count() or 1) // ranks))
+            side = size / math.sqrt(ranks)  # a rank's blocks of the product
+            compute = costs.gemm(calib, side, side, side, ranks) * cost.flops / (2 * side**3)
         else:
-            compute = cost.stream_words * WORD / (2 * calib["memcpy_bytes_per_s"])
-        return cost.messages * calib["alpha_s"] + cost.words * WORD * calib["beta_s_per_byte"] + compute
+            compute = costs.copy(calib, cost.stream_words * WORD / 2)
+        bytes_sent = cost.words * WORD
+        per_message = costs.message(calib, bytes_sent / cost.messages) if cost.messages else 0.0
+        return calib["overhead_s"] + cost.messages * per_message + compute

@@ -8,8 +8,10 @@ import csv
 import json
 import math
 import os
+import statistics
 
 from bench.report.analysis import analyse
+from bench.report.model import for_projection
 from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
                                   projections, scaling_table, serial_fractions)
 from bench.report.summary import markdown
@@ -41,13 +43,14 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
     counts = sorted({entry["ranks"] for entry in table})
     if len(counts) < 2:
         notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
-    errors = sorted(abs(e["model_error"]) for e in table if e["model_error"] is not None)
-    if errors:
-        notes.append(f"report: model error at measured points: median {errors[len(errors) // 2]:.0%}, "
-                     f"max {errors[-1]:.0%} over {len(errors)} points")
+    model_notes = model_error_lines(table)
+    if projected:
+        model_notes.append(f"report: projection to {', '.join(map(str, project))} ranks uses "
+                           f"{for_projection(calib)[1]}")
+    notes += model_notes
     doc = document(paths, len(rows), reports, calib, notes)
     try:
-        written, plot_notes = _write_outputs(out_dir, table, fits, projected, reports, calib, plots)
+        written, plot_notes = _write_outputs(out_dir, table, fits, projected, reports, calib, plots, model_notes)
         if json_path:
             _write_json(json_path, doc)
             written.append(json_path)
@@ -56,6 +59,16 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
                          f"{error.strerror}" + (f" ({error.filename})" if error.filename else "")) from None
     notes.insert(0, f"report: {len(rows)} points from {len(paths)} file(s) -> {', '.join(written)}")
     return notes + plot_notes, doc
+
+
+def model_error_lines(table):
+    """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1|."""
+    errors = {}
+    for entry in table:
+        if entry["model_error"] is not None and entry["ranks"] >= 2:
+            errors.setdefault(entry["suite"], []).append(abs(entry["model_error"]))
+    return [f"report: {suite} model error at >= 2 ranks: median {statistics.median(values):.0%}, "
+            f"max {max(values):.0%} over {len(values)} points" for suite, values in sorted(errors.items())]
 
 
 def document(paths, points, reports, calib, notes):
@@ -89,7 +102,7 @@ def _write_json(path, doc):
         handle.write(dumps(doc) + "\n")
 
 
-def _write_outputs(out_dir, table, fits, projected, reports, calib, plots):
+def _write_outputs(out_dir, table, fits, projected, reports, calib, plots, model_notes):
     """Write the report's files; return their paths and notes (no plots without matplotlib)."""
     os.makedirs(out_dir, exist_ok=True)
     written = [_write_csv(out_dir, "scaling.csv", SCALING_COLUMNS, table),
@@ -98,7 +111,7 @@ def _write_outputs(out_dir, table, fits, projected, reports, calib, plots):
         written.append(_write_csv(out_dir, "projection.csv", PROJECTION_COLUMNS, projected))
     summary = os.path.join(out_dir, "summary.md")
     with open(summary, "w") as handle:
-        handle.write("\n".join(markdown(reports, calib)) + "\n")
+        handle.write("\n".join(markdown(reports, calib, model_notes)) + "\n")
     written.append(summary)
     notes = []
     if plots:

@@ -24,6 +24,7 @@ from collections import defaultdict
 
 from bench.csvio import read_rows, row_problem
 from bench.registry import get_case
+from bench.report.model import for_projection
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
@@ -79,11 +80,14 @@ class Suites:
         return self._cases[name]
 
 
-def _predict(case, key, ranks, calib):
+def _predict(case, key, ranks, calib, params=None):
+    """The case's prediction, with the point's dtype and recorded ``params`` in the calibration (see
+    `bench.case.Case.predict`)."""
     if case is None or calib is None:
         return None
     suite, benchmark, variant, backend, dtype, scaling, size, settings = key
-    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks, calib)
+    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks,
+                        dict(calib, point_dtype=dtype, point_params=params or {}))
 
 
 def suite_kind(rows):
@@ -121,8 +125,8 @@ def scaling_table(rows, calib=None, suites=None):
             else:
                 ref = reference.get(_peer_key(key, row["ranks"]))
                 ref = ref if ref is not None and _same_bytes(ref, row) else None
-            predicted = _predict(suites[key[0]], key, ranks, calib)
             params = _params(row)
+            predicted = _predict(suites[key[0]], key, ranks, calib, params)
             table.append(dict(
                 zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks, t_med_s=seconds,
                 speedup=speedup, efficiency=(speedup / ranks if strong else base_time / seconds) if compute else None,
@@ -205,13 +209,15 @@ def serial_fractions(table):
 
 
 def projections(table, calib, rank_counts, suites=None):
-    """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model."""
+    """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model,
+    with inter-node message constants when the calibration has them (`bench.report.model.for_projection`)."""
     suites = suites or Suites()
-    keys = sorted({tuple(e[c] for c in GROUP) for e in table if e["kind"] == COMPUTE}, key=_sort_key)
+    calib = for_projection(calib)[0]
+    groups = {tuple(e[c] for c in GROUP): e["params"] for e in table if e["kind"] == COMPUTE}
     rows = []
-    for key in keys:
+    for key in sorted(groups, key=_sort_key):
         for ranks in rank_counts:
-            predicted = _predict(suites[key[0]], key, ranks, calib)
+            predicted = _predict(suites[key[0]], key, ranks, calib, groups[key])
             if predicted is not None:
                 rows.append(dict(zip(GROUP, key), ranks=ranks, predicted_s=predicted))
     return rows

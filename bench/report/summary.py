@@ -18,14 +18,16 @@ def format_time(seconds):
     return f"{seconds:.2f} s"
 
 
-def markdown(reports, calib):
-    """The lines of summary.md."""
+def markdown(reports, calib, model_notes=()):
+    """The lines of summary.md; ``model_notes``: the model error and projection lines, listed under the constants."""
     lines = ["# mlscale report", ""]
     if calib:
-        lines += [f"Model constants: alpha {calib['alpha_s'] * 1e6:.2f} us, "
+        lines += [f"Model constants ({calib.get('scope', 'intra-node')}): overhead {calib['overhead_s'] * 1e6:.2f} us "
+                  f"+ alpha {calib['alpha_s'] * 1e6:.2f} us per message, "
                   f"1/beta {1 / calib['beta_s_per_byte'] / 1e9:.2f} GB/s, "
                   f"1/gamma {1 / calib['gamma_s_per_byte'] / 1e9:.2f} GB/s "
                   f"({calib.get('host', '?')}, {calib.get('mpi_library', '?')}).", ""]
+        lines += [f"- {line.removeprefix('report: ')}" for line in model_notes] + ([""] if model_notes else [])
     lines += ["## Digest", ""]
     for report in reports:
         lines += _digest(report)

@@ -1,8 +1,26 @@
 """Results rows for the report tests, written as the harness writes them."""
 from bench.csvio import COLUMNS, ResultsFile
 
-CALIB = {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_byte": 5e-11,
-         "memcpy_bytes_per_s": 8e9, "gemm_flops_per_s": 3e10}
+BIG = 1 << 24
+
+
+def calibration(alpha=2e-6, beta=1e-10, gamma=5e-11, overhead=1e-7, copy=1.25e-10, rate=3e10, cores=2):
+    """A calibration whose tables are straight lines: message ``overhead + alpha + n beta``, reduction
+    ``n gamma``, copy ``n copy``, every compute rate ``rate`` (all cores: twice that)."""
+    def line(start, slope):
+        return [[1, start + slope], [BIG, start + BIG * slope]]
+
+    rates = [[rate] * 6, [2 * rate] * 6]
+    return {"alpha_s": alpha, "beta_s_per_byte": beta or 1e-30, "overhead_s": overhead,
+            "gamma_s_per_byte": gamma or 1e-30, "memcpy_bytes_per_s": 1 / (copy or 1e-30), "gemm_flops_per_s": rate,
+            "kernel_rows": 1e7, "cores": cores, "pingpong": line(overhead + alpha, beta),
+            "reduce": line(0.0, gamma), "copy": line(0.0, copy), "gemm": {"float64": rates, "float32": rates},
+            "gemm_sizes": [32, 64, 128, 256, 512, 1024],
+            "conv": {"float64": {"forward": [rate, 2 * rate], "forward_backward": [rate, 2 * rate]}},
+            "attention": {"float64": {"full": [rate, 2 * rate]}}, "scope": "intra-node"}
+
+
+CALIB = calibration()
 
 
 def point(variant, ranks, seconds, size=1024, scaling="strong", suite="gemv", **extra):

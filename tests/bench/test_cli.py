@@ -1,4 +1,5 @@
 """The command line end to end, as a user runs it: exit codes, one-line errors, resumable CSV."""
+import json
 import os
 import subprocess
 
@@ -134,11 +135,21 @@ def test_calibrate_then_report_with_model_and_projection(tmp_path):
     status, out, err = mlscale("report", path, "--out", str(tmp_path / "rep"), "--model", calib,
                                "--project", "64,1024")
     assert status == 0, err
-    assert "model error at measured points" in out
+    assert "report: gemv model error at >= 2 ranks: median " in out
+    assert f"report: projection to 64, 1024 ranks uses intra-node constants of {calib}" in out
     projected = rows_of(str(tmp_path / "rep" / "projection.csv"))
     assert {r["ranks"] for r in projected} == {"64", "1024"}
     status, _, err = mlscale("report", path, "--project", "64")
     assert status == 2 and "--project needs --model" in err
+
+
+def test_calibrate_across_two_nodes_measures_between_them(tmp_path):
+    calib = str(tmp_path / "inter.json")
+    status, out, err = mlscale("calibrate", "--out", calib, MPIR_CVAR_NUM_CLIQUES="2")  # MPICH: two nodes on one host
+    assert status == 0, err
+    assert out.startswith("calibrate (inter-node): ")
+    with open(calib) as handle:
+        assert json.load(handle)["scope"] == "inter-node"
 
 
 def test_a_setup_error_at_a_smaller_rank_count_ends_every_rank(tmp_path):

@@ -2,8 +2,9 @@
 import pytest
 from mpi4py import MPI
 
-from bench.report.model import calibrate
 from bench.provenance import mpi_library, placement
+from bench.report.calibrate import calibrate
+from bench.report.model import KEYS
 from bench.sweep import RankError, agree
 from bench.timing import measure
 from kernels.errors import InputError
@@ -61,9 +62,17 @@ def test_the_mpi_library_has_no_nul_byte(monkeypatch):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_calibrate_records_the_mpi_library_without_nul(comm, monkeypatch):
+def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, monkeypatch):
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
-    assert calibrate(comm)["mpi_library"] == OPEN_MPI_VERSION[:-1]
+    constants = calibrate(comm)
+    assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1]
+    assert comm.allgather(constants) == [constants] * comm.size
+    assert set(KEYS) <= set(constants) and constants["scope"] in ("intra-node", "inter-node")
+    assert all(constants[key] > 0 for key in ("alpha_s", "beta_s_per_byte", "overhead_s", "gamma_s_per_byte",
+                                              "kernel_rows"))
+    assert [n for n, _ in constants["pingpong"]] == [8 << k for k in range(22)]
+    assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"])
+    assert set(constants["conv"]["float32"]) == {"forward", "forward_backward"}
 
 
 @pytest.mark.mpi(min_size=1)

@@ -13,6 +13,7 @@ from bench.cases.gemv import Gemv
 from bench.families.blas import TF32_EPS
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.bench.report_rows import calibration
 from tests.clitools import mlscale, rows_of
 
 SUITES = {"blas1": "bench.cases.blas1:Blas1", "gemv": "bench.cases.gemv:Gemv", "gemm": "bench.cases.gemm:Gemm"}
@@ -137,23 +138,23 @@ def test_checks_count_nan_and_wrong_entries():
 
 
 def test_cost_models():
-    calib = dict(alpha_s=1e-6, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, memcpy_bytes_per_s=1e10,
-                 gemm_flops_per_s=1e10)
+    calib = calibration(alpha=1e-6, beta=1e-9, gamma=1e-10, overhead=1e-7, copy=1e-10, rate=1e10)
     gemm = Gemm()
     assert gemm.predict("cannon", 64, 3, calib) is None and gemm.predict("numpy", 64, 2, calib) is None
-    compute_only = dict(calib, alpha_s=0.0, beta_s_per_byte=0.0)
-    assert gemm.predict("summa", 200, 4, compute_only) == pytest.approx(8 * gemm.predict("summa", 100, 4,
+    compute_only = calibration(alpha=0, beta=0, overhead=0, rate=1e10)
+    assert gemm.predict("summa", 400, 4, compute_only) == pytest.approx(8 * gemm.predict("summa", 200, 4,
                                                                                         compute_only))
     assert gemm.predict("summa", 1000, 4, calib) > gemm.predict("summa", 1000, 4, compute_only)
+    assert gemm.predict("numpy", 64, 1, calib) > 0 and Blas1().predict("numpy_dot", 64, 1, calib) > 0
     for plain, overlapped in (("summa", "summa_lookahead"), ("cannon", "cannon_overlap")):
         assert gemm.cost(overlapped, 1000, 4).words == gemm.cost(plain, 1000, 4).words
         assert gemm.memory_bytes(1000, 4, overlapped, "float64") > gemm.memory_bytes(1000, 4, plain, "float64")
     # 2 x 2 grid: k = 1000 cut at the block boundary 500, two panels of 250 per half; 2 one-step Ibcasts each.
     assert gemm.cost("summa_lookahead", 1000, 4).messages == 4 * 2
-    latency_only = dict(calib, alpha_s=1.0, beta_s_per_byte=0.0, memcpy_bytes_per_s=1e300)
-    assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(3.0)
-    assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(2.0)
-    assert Blas1().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.0)
+    latency_only = calibration(alpha=1.0, beta=0, gamma=0, overhead=0.5, copy=0, rate=1e30)
+    assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(0.5 + 3 * 1.5)  # a call, 3 messages
+    assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(0.5 + 2 * 1.5)
+    assert Blas1().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.5)
 
 
 # --- the cupy backend (the simulated GPU always; CuPy when a GPU is visible) ---

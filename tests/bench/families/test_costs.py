@@ -1,0 +1,108 @@
+"""Cost-model terms (bench.families.costs) and every suite's `predict`: sizes, one rank, message counts."""
+import pytest
+
+from bench.families import costs
+from bench.registry import get_case
+from tests.bench.report_rows import calibration
+
+ALPHA, OVERHEAD = 1e-5, 1e-6
+#: Every message costs ALPHA + OVERHEAD from Python, ALPHA inside MPI; nothing else costs anything.
+LATENCY_ONLY = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30), kernel_rows=1e30)
+MESSAGE = ALPHA + OVERHEAD
+SVM_POINT = dict(n_iter=10, n_features=784)
+
+
+def test_interpolate_is_flat_below_linear_between_and_extrapolated_above():
+    table = [[8, 1.0], [16, 2.0], [32, 6.0]]
+    assert costs.interpolate(table, 1) == 1.0
+    assert costs.interpolate(table, 12) == pytest.approx(1.5)
+    assert costs.interpolate(table, 64) == pytest.approx(14.0)
+
+
+@pytest.mark.parametrize("ranks, algorithm, messages, steps", [
+    (2, "ring", 2, 1), (4, "ring", 6, 3), (3, "ring", 4, 2), (4, "recursive_doubling", 2, 2),
+    (3, "recursive_doubling", 3, 1), (4, "rabenseifner", 4, 2), (4, "tree", 4, 2), (4, "mpi", 2, 0),
+])
+def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, steps):
+    calib = calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30)
+    calib["reduce"] = [[1, 1e-3], [1 << 24, 1e-3]]  # every reduction 1 ms
+    python = algorithm != "mpi"
+    expected = messages * (ALPHA + (OVERHEAD if python else 0)) + (0 if python else OVERHEAD)
+    reductions = steps + (1 if ranks == 3 and algorithm != "ring" else 0)
+    if algorithm == "mpi":  # MPI reduces inside the library: the table of NumPy additions still stands for it
+        reductions = 2
+    assert costs.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected + reductions * 1e-3)
+
+
+def test_gemm_rate_follows_threads_and_table():
+    calib = calibration(rate=1e10, cores=2)
+    assert costs.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # 2 threads on 1 rank
+    assert costs.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 1e10)  # 1 thread each on 2 ranks
+    assert costs.gemm(calib, 0, 100, 100, 2) == 0.0
+
+
+# suite, variant, sizes (increasing), settings that make the variant modelled
+MODELLED = [
+    ("p2p", "latency", (8, 1024, 1 << 20), {}), ("p2p", "bandwidth", (8, 1024, 1 << 20), {}),
+    ("allreduce", "ring", (8, 1024, 1 << 20), {}), ("allreduce", "mpi", (8, 1024, 1 << 20), {}),
+    ("allreduce", "auto", (8, 1024, 1 << 20), {}), ("gemm", "summa", (64, 256, 1024), {}),
+    ("gemv", "rows", (64, 256, 1024), {}), ("dp", "mpi", (32, 256, 1024), {}),
+    ("dp", "mpi_overlap", (32, 256, 1024), {}), ("tp", "allreduce", (64, 512, 4096), {}),
+    ("tp", "sequence", (64, 512, 4096), {}), ("conv", "forward", (64, 256, 1024), {}),
+    ("conv", "forward_backward_overlap", (64, 256, 1024), {}), ("attention", "ring", (256, 1024, 4096), {}),
+    ("attention", "ulysses", (256, 1024, 4096), {}), ("attention", "full", (256, 1024, 4096), {}),
+    ("pp", "1f1b", (64, 256, 1024), {}), ("pp", "pipedream", (64, 256, 1024), {}),
+    ("hybrid", "dp", (64, 256, 1024), {}), ("hybrid", "tp", (64, 256, 1024), {}),
+    ("moe", "top2", (512, 2048, 8192), {}), ("ps", "sync", (64, 256, 1024), {}),
+    ("svm", "dis_smo", (500, 1000, 2000), {"point_params": SVM_POINT}),
+]
+
+
+@pytest.mark.parametrize("suite, variant, sizes, settings", MODELLED)
+def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant, sizes, settings):
+    case, calib = get_case(suite), dict(calibration(), **settings)
+    ranks = 2
+    predicted = [case.predict(variant, size, ranks, calib) for size in sizes]
+    assert all(p > 0 for p in predicted) and predicted == sorted(predicted) and predicted[0] < predicted[-1]
+    if suite not in ("p2p", "ps"):  # both need two ranks
+        assert case.predict(variant, sizes[0], 1, calib) > 0
+
+
+@pytest.mark.parametrize("suite, variant, ranks, messages", [
+    ("p2p", "latency", 2, 2 * (ALPHA + OVERHEAD)),
+    ("p2p", "bandwidth", 2, 2 * (ALPHA + OVERHEAD) + 64 * OVERHEAD),
+    ("allreduce", "ring", 4, OVERHEAD + 6 * (ALPHA + OVERHEAD)),
+    ("tp", "allreduce", 2, 2 * (OVERHEAD + ALPHA)),             # one MPI allreduce per pass
+    ("tp", "sequence", 2, 2 * 3 * (OVERHEAD + ALPHA)),          # allgather, reduce-scatter and the counts' allgather
+    ("conv", "forward", 2, 2 * (ALPHA + OVERHEAD)),             # a halo each way along the split axis
+    ("conv", "forward_backward", 4, 2 * 4 * (ALPHA + OVERHEAD)),  # two axes, forward and reverse
+    ("attention", "ring", 3, 2 * (ALPHA + OVERHEAD)),           # p - 1 K / V transfers, not hidden
+    ("attention", "ulysses", 2, 4 * (OVERHEAD + ALPHA)),        # q, k, v in and o out
+    ("dp", "mpi", 2, OVERHEAD + ALPHA),                         # one MPI allreduce, one round on 2 ranks
+    ("pp", "1f1b", 2, 2 * 8 * MESSAGE),                         # an activation each way per micro-batch (m = 8)
+    ("hybrid", "tp", 2, 4 * 4 * 2 * MESSAGE),                   # m = 4 micro-batches x 4 blocks x 2 allreduces
+    ("moe", "top1", 2, 2 * 3 * MESSAGE + 2 * MESSAGE),          # counts, dispatch, combine per pass; 2 allreduces
+    ("ps", "sync", 2, 4 * MESSAGE),                             # one worker: request, gradient, shard, end
+    ("svm", "dis_smo", 2, 2 * 10 * MESSAGE + MESSAGE),          # two allreduces per iteration, the final gather
+])
+def test_predictions_count_the_suites_messages(suite, variant, ranks, messages):
+    calib = dict(LATENCY_ONLY, point_params=SVM_POINT)
+    assert get_case(suite).predict(variant, 1024, ranks, calib) == pytest.approx(messages, rel=1e-6)
+
+
+@pytest.mark.parametrize("variant, params", [("dis_smo", {}), ("cascade", SVM_POINT), ("smo", SVM_POINT)])
+def test_svm_is_modelled_for_dis_smo_with_its_iterations_only(variant, params):
+    assert get_case("svm").predict(variant, 1000, 2, dict(calibration(), point_params=params)) is None
+
+
+def test_the_point_dtype_selects_the_rates():
+    calib = calibration(rate=1e10)
+    calib["gemm"]["float32"] = [[2e10] * 6, [4e10] * 6]
+    tp = get_case("tp")
+    assert tp.predict("serial", 512, 1, dict(calib, point_dtype="float32")) < tp.predict("serial", 512, 1, calib)
+
+
+@pytest.mark.parametrize("setting, value", [("MLSCALE_DP_MODEL", "cnn"), ("MLSCALE_DP_PRECISION", "float16")])
+def test_unmodelled_dp_settings_predict_none(setting, value, monkeypatch):
+    monkeypatch.setenv(setting, value)
+    assert get_case("dp").predict("mpi", 64, 2, calibration()) is None

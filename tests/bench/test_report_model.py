@@ -1,0 +1,84 @@
+"""The cost model's calibration files (one or two scopes) and the per-suite model error lines."""
+import json
+
+import pytest
+
+from bench.report.model import for_projection, load_calibration, load_calibrations
+from bench.report.output import model_error_lines, write_report
+from kernels.errors import InputError
+from tests.bench.report_rows import CALIB, calibration, point, write_points
+from tests.clitools import mlscale
+
+
+def _write(tmp_path, name, calib):
+    path = tmp_path / name
+    path.write_text(json.dumps(calib))
+    return str(path)
+
+
+def test_an_older_calibration_asks_to_run_calibrate_again(tmp_path):
+    old = {"alpha_s": 2e-6, "beta_s_per_byte": 1e-10, "gamma_s_per_byte": 5e-11, "memcpy_bytes_per_s": 8e9,
+           "gemm_flops_per_s": 3e10}
+    path = _write(tmp_path, "old.json", old)
+    with pytest.raises(InputError, match="written by an older mlscale calibrate .missing 'overhead_s'.; run "
+                                         "mlscale calibrate again") as error:
+        load_calibration(path)
+    assert path in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_scope_is_refused(tmp_path):
+    with pytest.raises(InputError, match="scope must be one of intra-node, inter-node"):
+        load_calibration(_write(tmp_path, "c.json", dict(CALIB, scope="rack")))
+
+
+def test_intra_and_inter_node_files_combine_and_projections_use_the_inter_node_messages(tmp_path):
+    intra = _write(tmp_path, "intra.json", CALIB)
+    inter = _write(tmp_path, "inter.json", dict(calibration(alpha=5e-5, beta=1e-9), scope="inter-node"))
+    combined = load_calibrations([inter, intra])
+    assert combined["alpha_s"] == CALIB["alpha_s"] and combined["inter"]["alpha_s"] == 5e-5
+    projected, note = for_projection(combined)
+    assert projected["alpha_s"] == 5e-5 and projected["pingpong"] == combined["inter"]["pingpong"]
+    assert projected["gemm"] == CALIB["gemm"]  # compute rates stay the node's
+    assert note == f"inter-node message constants of {inter}, compute rates of {intra}"
+    assert for_projection(load_calibrations([intra]))[1] == \
+        f"intra-node constants of {intra} (no inter-node calibration given)"
+
+
+def test_two_files_of_one_scope_are_refused(tmp_path):
+    first, second = _write(tmp_path, "a.json", CALIB), _write(tmp_path, "b.json", CALIB)
+    with pytest.raises(InputError, match="both intra-node calibrations"):
+        load_calibrations([first, second])
+
+
+def test_one_model_error_line_per_suite_from_two_ranks_up():
+    table = [dict(suite="p2p", ranks=2, model_error=e) for e in (0.1, -0.3, 0.2)]
+    table += [dict(suite="allreduce", ranks=1, model_error=5.0), dict(suite="allreduce", ranks=2, model_error=-0.05),
+              dict(suite="gemv", ranks=2, model_error=None)]
+    assert model_error_lines(table) == [
+        "report: allreduce model error at >= 2 ranks: median 5%, max 5% over 1 points",
+        "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 points"]
+
+
+def test_report_prints_the_error_lines_and_which_constants_projected(tmp_path):
+    points = [point("rows", p, 1e-3 / p, size=1024) for p in (1, 2, 4)]
+    points += [point("ring", p, 1e-4, size=4096, suite="allreduce") for p in (2, 4)]
+    path = write_points(tmp_path / "a.csv", points)
+    intra = _write(tmp_path, "intra.json", CALIB)
+    inter = _write(tmp_path, "inter.json", dict(CALIB, scope="inter-node"))
+    status, out, err = mlscale("report", path, "--out", str(tmp_path / "rep"), "--no-plots", "--model", intra,
+                               "--model", inter, "--project", "64")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert sum(line.startswith("report: allreduce model error at >= 2 ranks: median ") and
+               line.endswith(" over 2 points") for line in lines) == 1
+    assert sum(line.startswith("report: gemv model error at >= 2 ranks: ") for line in lines) == 1
+    assert f"report: projection to 64 ranks uses inter-node message constants of {inter}, compute rates of " \
+           f"{intra}" in lines
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "- allreduce model error at >= 2 ranks" in summary and "- projection to 64 ranks uses" in summary
+
+
+def test_write_report_gives_no_error_line_without_a_model(tmp_path):
+    path = write_points(tmp_path / "a.csv", [point("rows", p, 1e-3 / p) for p in (1, 2)])
+    notes, _ = write_report([path], str(tmp_path / "out"), plots=False)
+    assert not any("model error" in line for line in notes)
