@@ -129,6 +129,12 @@ class Progress:
         """The next point is already measured (resumed sweep): count it, show nothing."""
         self.position += 1
 
+    def drop(self, ranks, variants):
+        """Leave out the points of ``variants`` on ``ranks`` ranks still ahead (variants the backend
+        cannot run): they count in no total."""
+        ahead = [p for p in self.points[self.position:] if not (p[0] == ranks and p[1] in variants)]
+        self.points = self.points[:self.position] + ahead
+
     def begin(self):
         """Show the next point's line and return True, or return False when ``limit`` says stop."""
         ranks, variant, size = self.points[self.position]

@@ -224,7 +224,10 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
     threads = config.threads or max(1, (os.cpu_count() or 1) // where.ranks_here)
     settings = agree(sub, case.settings.column)
     wrong_total = 0
-    for variant in _available(sub, case, config, backend, variants):
+    available = _available(sub, case, config, backend, variants)
+    if progress:
+        progress.drop(sub.size, set(variants) - set(available))
+    for variant in available:
         for size in config.sizes:
             base = dict(
                 suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,

@@ -52,6 +52,7 @@ comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup),
 tf32 (gemv, gemm: whether CuPy computes float32 products in TF32; false on numpy).
 """
 import math
+import os
 from collections import namedtuple
 from dataclasses import dataclass, field
 

@@ -31,7 +31,7 @@ def analyse(table, fits, projected, rows, suites):
     reports = []
     for suite in dict.fromkeys(e["suite"] for e in table):
         entries = [e for e in table if e["suite"] == suite]
-        reference = reference_variant(suite, rows, suites)
+        reference = reference_variant(suite, rows, suites, entries[0]["backend"])
         report = dict(suite=suite, kind=entries[0]["kind"], reference=reference, size_unit=entries[0]["size_unit"],
                       digest=digest(entries, reference, entries[0]["kind"]), superlinear=superlinear(entries, suites[suite]),
                       points=entries, fits=[f for f in fits if f["suite"] == suite],

@@ -109,7 +109,7 @@ def scaling_table(rows, calib=None, suites=None):
         groups[tuple(row[c] for c in GROUP)].append(row)
     reference = {}
     for key, members in groups.items():
-        if key[2] == reference_variant(key[0], rows, suites):
+        if key[2] == reference_variant(key[0], rows, suites, key[3]):
             for row in members:
                 reference[_peer_key(key, row["ranks"])] = row
     table = []
@@ -140,10 +140,14 @@ def scaling_table(rows, calib=None, suites=None):
     return table
 
 
-def reference_variant(suite, rows, suites):
-    """The suite's reference: its first variant, or (a suite this installation cannot load) the first one read."""
+def reference_variant(suite, rows, suites, backend="numpy"):
+    """The suite's reference on ``backend``: its first variant that runs there (gemm: ``numpy`` on
+    the host, ``cupy`` on a GPU), or (a suite this installation cannot load) the first one read."""
     case = suites[suite]
-    return case.variants[0] if case else next(r["variant"] for r in rows if r["suite"] == suite)
+    if not case:
+        return next(r["variant"] for r in rows if r["suite"] == suite)
+    elsewhere = case.device_only_variants if backend == "numpy" else case.host_only_variants
+    return next((variant for variant in case.variants if variant not in elsewhere), case.variants[0])
 
 
 def _same_bytes(ref, row):

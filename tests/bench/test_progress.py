@@ -96,6 +96,18 @@ def test_a_resumed_point_counts_in_k_and_shows_nothing():
     assert lines == ["[2/2] a size=16 ranks=2"]
 
 
+def test_a_variant_the_backend_cannot_run_leaves_the_count():
+    lines = []
+    points = [(1, "numpy", 8), (1, "cupy", 8), (2, "numpy", 8), (2, "cupy", 8)]
+    progress = Progress(points, lines.append, clock=Clock())
+    progress.drop(1, {"cupy"})
+    assert progress.begin()
+    progress.finish()
+    progress.drop(2, {"cupy"})
+    assert progress.begin()
+    assert lines[0] == "[1/3] numpy size=8 ranks=1" and lines[1].startswith("[2/2] numpy size=8 ranks=2")
+
+
 def test_the_limit_stops_before_a_point_that_would_end_past_it():
     clock, lines = Clock(), []
     points = [(1, "a", 8), (2, "a", 8), (2, "b", 8), (2, "b", 16)]

@@ -23,6 +23,17 @@ def test_speedup_efficiency_karp_flatt_and_reference_ratio(tmp_path):
     assert rows4["vs_ref"] == pytest.approx((0.1 + 0.9 / 4) / (0.2 + 0.8 / 4))
 
 
+def test_on_a_gpu_the_reference_is_the_device_library_variant():
+    # gemm's numpy variant is host-only: on cupy rows the reference is cupy (cuBLAS on one GPU)
+    rows = as_read([dict(r, suite="gemm", benchmark="gemm", backend=backend)
+                    for backend in ("numpy", "cupy")
+                    for r in amdahl_points(backend, 0.1) + amdahl_points("summa", 0.2)])
+    table = scaling_table(rows)
+    for backend in ("numpy", "cupy"):
+        summa = next(e for e in table if (e["variant"], e["backend"], e["ranks"]) == ("summa", backend, 2))
+        assert summa["vs_ref"] == pytest.approx((0.1 + 0.9 / 2) / (0.2 + 0.8 / 2))
+
+
 @pytest.mark.parametrize("scaling, law", [("strong", "amdahl"), ("weak", "gustafson")])
 def test_fits_recover_the_serial_fraction(scaling, law):
     rows = as_read(amdahl_points("rows", 0.15, scaling))
