@@ -121,7 +121,8 @@ def _first_line(case):
 
 def command_run(args, out, err):
     from bench.progress import EXIT_TIME_LIMIT, Console
-    from bench.sweep import RankError, run_sweep
+    from bench.faults import RankError
+    from bench.sweep import run_sweep
     from bench.table import format_header, format_row
 
     comm = _mpi_world()

@@ -1,7 +1,7 @@
 """How a job ends when one rank fails or a signal arrives: one line, a non-zero status, every rank stops.
 
 - An error raised on every rank together (bad options, or an error made known to
-  every rank by `bench.sweep.agree`) ends the command normally: rank 0 prints one
+  every rank by `agree`) ends the command normally: rank 0 prints one
   line.
 - An error on one rank alone that the others cannot hear of (inside timed work
   they wait in a collective) ends the job with `abort_job`: that rank prints one
@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 import traceback
+
+import numpy as np
 
 from kernels.errors import InputError
 
@@ -158,3 +160,64 @@ def _end_job(status):
     os.dup2(devnull, 2)
     world.Abort(status)
     return status
+
+
+class RankError(RuntimeError):
+    """An error raised on some rank and made known to every rank by `agree`."""
+
+
+class AgreedInputError(InputError):
+    """An `InputError` raised on some rank and made known to every rank by `agree`."""
+
+
+#: Errors raised on every rank together: the sweep ends without an abort.
+AGREED = (AgreedInputError, RankError)
+#: How long a rank whose step failed waits for the others to hear of it before it aborts the job.
+AGREE_GRACE_SECONDS = 10.0
+
+
+def agree(comm, function, *args):
+    """Call ``function(*args)`` on every rank; if any rank raises, raise on all ranks.
+
+    The error raised everywhere is the lowest failing rank's: an `AgreedInputError`
+    with its message when it was an `InputError`, else a `RankError` naming the
+    rank and the error. A failing rank cannot know whether the others will get
+    here: they may wait in a collective of ``function`` that it left. It waits
+    `AGREE_GRACE_SECONDS` for them, then ends the job with the same line and
+    status (`bench.faults.abort_job`).
+
+    Communication: one ``Iallreduce`` of an int; on failure one allgather of the
+    messages.
+    """
+    result, caught, failure = None, None, None
+    try:
+        result = function(*args)
+    except Exception as error:  # noqa: BLE001 - reported on every rank below
+        caught = error
+        failure = ("input", str(error)) if isinstance(error, InputError) else ("rank", describe(error, comm.rank))
+    flag, failed = np.array([failure is not None], dtype=np.intc), np.zeros(1, dtype=np.intc)
+    request = comm.Iallreduce(flag, failed)  # op: SUM
+    if failure is None:
+        request.Wait()
+    else:
+        deadline = time.monotonic() + AGREE_GRACE_SECONDS
+        while not request.Test():
+            if time.monotonic() > deadline:
+                abort_job(caught)
+            time.sleep(1e-3)
+    if failed[0]:
+        raise agreed_error(next(f for f in comm.allgather(failure) if f))
+    return result
+
+
+def agreed_error(failure):
+    """The error to raise on every rank for an agreed ``(kind, message)`` failure."""
+    kind, message = failure
+    return AgreedInputError(message) if kind == "input" else RankError(message)
+
+
+def sleeping_barrier(comm, interval=1e-3):
+    """A barrier that sleeps between polls, so waiting ranks leave their cores to the working ones."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(interval)

@@ -6,25 +6,23 @@ barrier so that they do not steal cores from the ranks being measured.
 
 No error is assumed to happen on every rank: the steps where a rank can fail
 alone outside timed work (setup, check, metrics, teardown, writing a row) run
-through `agree`, and any other error (inside timed work, where the other ranks
+through `bench.faults.agree`, and any other error (inside timed work, where the other ranks
 wait in a collective) aborts the job (`bench.faults.abort_job`).
 """
 import contextlib
 import functools
 import os
 import socket
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import List, Optional
 
-import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
-from bench.faults import abort_job, describe, uninterrupted
+from bench.faults import AGREED, AgreedInputError, abort_job, agree, agreed_error, sleeping_barrier, uninterrupted
 from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
 from bench.timing import measure
@@ -59,59 +57,6 @@ class SweepConfig:
     not_measured: int = 0  # points left out by time_limit (set by run_sweep)
 
 
-class RankError(RuntimeError):
-    """An error raised on some rank and made known to every rank by `agree`."""
-
-
-class AgreedInputError(InputError):
-    """An `InputError` raised on some rank and made known to every rank by `agree`."""
-
-
-#: Errors raised on every rank together: the sweep ends without an abort.
-AGREED = (AgreedInputError, RankError)
-#: How long a rank whose step failed waits for the others to hear of it before it aborts the job.
-AGREE_GRACE_SECONDS = 10.0
-
-
-def agree(comm, function, *args):
-    """Call ``function(*args)`` on every rank; if any rank raises, raise on all ranks.
-
-    The error raised everywhere is the lowest failing rank's: an `AgreedInputError`
-    with its message when it was an `InputError`, else a `RankError` naming the
-    rank and the error. A failing rank cannot know whether the others will get
-    here: they may wait in a collective of ``function`` that it left. It waits
-    `AGREE_GRACE_SECONDS` for them, then ends the job with the same line and
-    status (`bench.faults.abort_job`).
-
-    Communication: one ``Iallreduce`` of an int; on failure one allgather of the
-    messages.
-    """
-    result, caught, failure = None, None, None
-    try:
-        result = function(*args)
-    except Exception as error:  # noqa: BLE001 - reported on every rank below
-        caught = error
-        failure = ("input", str(error)) if isinstance(error, InputError) else ("rank", describe(error, comm.rank))
-    flag, failed = np.array([failure is not None], dtype=np.intc), np.zeros(1, dtype=np.intc)
-    request = comm.Iallreduce(flag, failed, op=MPI.SUM)
-    if failure is None:
-        request.Wait()
-    else:
-        deadline = time.monotonic() + AGREE_GRACE_SECONDS
-        while not request.Test():
-            if time.monotonic() > deadline:
-                abort_job(caught)
-            time.sleep(1e-3)
-    if failed[0]:
-        raise _agreed_error(next(f for f in comm.allgather(failure) if f))
-    return result
-
-
-def _agreed_error(failure):
-    kind, message = failure
-    return AgreedInputError(message) if kind == "input" else RankError(message)
-
-
 def plan_points(case, config):
     """Return the ``(ranks, variant)`` pairs to run; drop impossible ones or raise.
 
@@ -144,13 +89,6 @@ def plan_points(case, config):
     return plan
 
 
-def sleeping_barrier(comm, interval=1e-3):
-    """A barrier that sleeps between polls, so waiting ranks leave their cores to the working ones."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(interval)
-
-
 def run_sweep(comm, case, config, emit, show=None):
     """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``.
 
@@ -172,7 +110,7 @@ def run_sweep(comm, case, config, emit, show=None):
             error = ("input", str(failure))
     error = comm.bcast(error, root=0)
     if error:
-        raise _agreed_error(error)
+        raise agreed_error(error)
     progress = None
     if comm.rank == 0:
         points = [(ranks, variant, size) for ranks in sorted({r for r, _ in plan})
@@ -209,7 +147,7 @@ def _measure_plan(comm, case, config, plan, results, emit, progress):
         sleeping_barrier(comm)
         failure, config.not_measured = comm.bcast((failure, progress.not_measured if progress else 0), root=0)
         if failure:
-            raise _agreed_error(failure)  # rank 0 is in every sub-communicator
+            raise agreed_error(failure)  # rank 0 is in every sub-communicator
         if config.not_measured:
             break
     return wrong_total

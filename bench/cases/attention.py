@@ -52,7 +52,7 @@ import numpy as np
 from bench.case import Case, Metrics
 from bench.families import costs
 from bench.settings import Setting, flag, integer
-from bench.sweep import sleeping_barrier
+from bench.faults import sleeping_barrier
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.attention import (TILES, AttentionStats, attention_backward, attention_forward,

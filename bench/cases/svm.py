@@ -47,7 +47,7 @@ from mpi4py import MPI
 from bench.case import Case, Metrics
 from bench.families import costs
 from bench.settings import Setting
-from bench.sweep import sleeping_barrier
+from bench.faults import sleeping_barrier
 from kernels.backend import get_backend
 from kernels.errors import InputError
 from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION, load_dataset

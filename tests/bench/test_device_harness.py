@@ -6,7 +6,8 @@ import pytest
 import bench.sweep
 from bench.case import Case, Metrics
 from bench.csvio import read_rows
-from bench.sweep import DEVICE_WARMUP, AgreedInputError, SweepConfig, plan_points, run_sweep
+from bench.faults import AgreedInputError
+from bench.sweep import DEVICE_WARMUP, SweepConfig, plan_points, run_sweep
 from kernels.backend import get_backend
 from kernels.errors import InputError
 

@@ -5,7 +5,7 @@ from mpi4py import MPI
 from bench.provenance import mpi_library, placement
 from bench.report.calibrate import calibrate
 from bench.report.model import KEYS
-from bench.sweep import RankError, agree
+from bench.faults import RankError, agree
 from bench.timing import measure
 from kernels.errors import InputError
 
