@@ -62,10 +62,7 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     that panel ``t - 1`` has just freed, then waits for panel ``t`` (posted
     ``lookahead`` steps earlier) and multiplies it with one in-place GEMM. The owner
     of B's panel broadcasts it straight from its block; A's panel is copied into a
-    row-major buffer first (rows of A, contiguous). A rank waits before a GEMM only
-    for the broadcasts it receives: one it roots completes when the receivers copy
-    the panel (in their next MPI call, which may come a whole GEMM later), so it is
-    completed only before its buffer is reused, ``d`` panels on, and at the end.
+    row-major buffer first (rows of A, contiguous).
 
     Parameters
     ----------
@@ -90,8 +87,7 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     row and one of B along each grid column per panel:
     ``(ceil(k / b) + pr + pc) (log2(pc) + log2(pr)) alpha + (m k / pr log2(pc) + k n / pc log2(pr)) beta``
     (binomial tree), the same words as `gemm_summa`; exposed only where a panel's
-    broadcast outlasts the ``d`` GEMMs before it is needed (a root never waits for its
-    receivers' progress before a GEMM). Extra memory
+    broadcast outlasts the ``d`` GEMMs before it is needed. Extra memory
     ``(d + 1) b (m / pr + n / pc)`` words.
     """
     m, n = check_product(A, B, "gemm_summa_lookahead")
@@ -111,40 +107,29 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     b_buffers = [xp.empty((width, cols), A.dtype) for _ in range(lookahead + 1)]
     panels = summa_panels(k, width, grid.dims[0], grid.dims[1])
 
-    sending = [[] for _ in range(lookahead + 1)]   # per buffer: broadcasts this rank is the root of
-
     def post(index):
-        """Post panel ``index`` into buffer ``index mod (d + 1)``: ``(a_panel, b_panel, receives)``.
-
-        The broadcasts this rank roots that last used the buffer are completed first
-        (they were posted ``d + 1`` panels ago); its new ones join ``sending``."""
+        """Post panel ``index`` into buffer ``index mod (d + 1)``: ``(a_panel, b_panel, requests)``."""
         lo, hi, a_owner, b_owner = panels[index]
         slot = index % (lookahead + 1)
-        with timed(timings, "comm", xp):
-            wait_all(sending[slot])
         a = a_buffers[slot][:rows * (hi - lo)].reshape(rows, hi - lo)
         if a_owner == j:
             with timed(timings, "compute", xp):
                 a[...] = A.local[:, lo - a_offset:hi - a_offset]
         b = B.local[lo - b_offset:hi - b_offset] if b_owner == i else b_buffers[slot][:hi - lo]
-        receives, sending[slot] = [], []
         with timed(timings, "comm", xp):
-            for axis, buffer, root, position in ((grid.row_comm, a, a_owner, j), (grid.col_comm, b, b_owner, i)):
-                if axis.size > 1:
-                    (sending[slot] if root == position else receives).append(axis.Ibcast(buffer, root=root))
-        return a, b, receives
+            requests = [axis.Ibcast(buffer, root=root) for axis, buffer, root in
+                        ((grid.row_comm, a, a_owner), (grid.col_comm, b, b_owner)) if axis.size > 1]
+        return a, b, requests
 
     in_flight = deque(post(index) for index in range(min(lookahead, len(panels))))
     for index in range(len(panels)):
         if index + lookahead < len(panels):
             in_flight.append(post(index + lookahead))
-        a, b, receives = in_flight.popleft()
+        a, b, requests = in_flight.popleft()
         with timed(timings, "comm", xp):
-            wait_all(receives)
+            wait_all(requests)
         with timed(timings, "compute", xp):
             accumulate_product(product, a, b)
-    with timed(timings, "comm", xp):
-        wait_all([request for requests in sending for request in requests])
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
 
 

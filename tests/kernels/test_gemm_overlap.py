@@ -6,7 +6,6 @@ import pytest
 from mpi4py import MPI
 
 from kernels.distmatrix import DistMatrix
-from kernels import gemm_lookahead
 from kernels.distribution import ProcessGrid, block_offsets
 from kernels.errors import InputError
 from kernels.gemm import gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead
@@ -64,35 +63,6 @@ def test_summa_lookahead_gives_the_bits_of_summa(comm, grid, dtype, panel):
     a, b = integer_valued((23, 31, 17), dtype)
     assert same_bits(comm, grid, a, b, lambda A, B: gemm_summa(A, B, panel),
                      lambda A, B: gemm_summa_lookahead(A, B, panel))
-
-
-@pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("lookahead", [1, 2])
-def test_summa_lookahead_waits_only_for_the_panels_it_receives(comm, grid, monkeypatch, lookahead):
-    """Before each GEMM a rank waits for the broadcasts it receives, never for those it roots
-    (those complete when the receivers copy, later, before their buffer is reused)."""
-    events = []
-
-    def wait_all(requests):
-        events.append(("wait", len(requests)))
-        MPI.Request.Waitall(requests)
-
-    def gemm(c, a, b):
-        events.append(("gemm", a.shape[1]))
-        c += a @ b
-
-    monkeypatch.setattr(gemm_lookahead, "wait_all", wait_all)
-    monkeypatch.setattr(gemm_lookahead, "accumulate_product", gemm)
-    a, b = integer_valued((23, 31, 17), np.float64)
-    A, B = DistMatrix.from_global(comm, a, grid), DistMatrix.from_global(comm, b, grid)
-    C = gemm_summa_lookahead(A, B, 4, lookahead=lookahead)
-    i, j = grid.coords
-    axes = ((grid.row_comm, j, 2), (grid.col_comm, i, 3))
-    expected = [sum(axis.size > 1 and panel[owner] != position for axis, position, owner in axes)
-                for panel in summa_panels(31, 4, *grid.dims)]
-    waited = [events[index - 1][1] for index, (kind, _) in enumerate(events) if kind == "gemm"]
-    ok = waited == expected and np.array_equal(C.local, (a @ b)[C.row_slice, C.col_slice])
-    assert comm.allreduce(int(not ok), op=MPI.SUM) == 0
 
 
 @pytest.mark.mpi(min_size=1)
