@@ -144,7 +144,8 @@ def get_backend(name="numpy", comm=None):
     try:
         import cupy
     except ImportError:
-        raise InputError("backend 'cupy' needs CuPy: pip install 'mlscale[gpu]'") from None
+        raise InputError("backend 'cupy' needs CuPy: pip install 'mlscale[cuda12]' or 'mlscale[cuda13]', "
+                         "as nvidia-smi's CUDA Version says") from None
     try:
         device_count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError:

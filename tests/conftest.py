@@ -42,7 +42,7 @@ def _cupy_backend_or_skip():
     try:
         import cupy
     except ImportError:
-        pytest.skip("CuPy is not installed (pip install 'mlscale[gpu]' on a GPU machine)")
+        pytest.skip("CuPy is not installed (pip install 'mlscale[cuda12]' or '[cuda13]' on a GPU machine)")
     try:
         visible = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError:
