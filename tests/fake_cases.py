@@ -3,7 +3,9 @@ from bench.case import Case, Metrics
 from kernels.errors import InputError
 
 
-class _Tiny(Case):
+class TinyCase(Case):
+    """A case that does nothing but a barrier: the base of the misbehaving ones here and elsewhere."""
+
     name = "fake"
     benchmark = "fake"
     variants = ("only",)
@@ -26,7 +28,7 @@ class _Tiny(Case):
         return Metrics(items_per_s=1 / seconds)
 
 
-class RaisesOnRankOne(_Tiny):
+class RaisesOnRankOne(TinyCase):
     """Rank 1 raises inside the timed work while the others wait in a barrier."""
 
     def run(self, comm):
@@ -35,7 +37,7 @@ class RaisesOnRankOne(_Tiny):
         comm.Barrier()
 
 
-class SetupFailsOnLastRank(_Tiny):
+class SetupFailsOnLastRank(TinyCase):
     """The last rank cannot build its inputs; every rank must hear of it."""
 
     def setup(self, comm, size, variant, backend, dtype):
@@ -44,14 +46,14 @@ class SetupFailsOnLastRank(_Tiny):
         return comm
 
 
-class AlwaysWrong(_Tiny):
+class AlwaysWrong(TinyCase):
     """Its check finds one wrong element per rank."""
 
     def check(self, comm):
         return 1
 
 
-class InputErrorInRunOnRankOne(_Tiny):
+class InputErrorInRunOnRankOne(TinyCase):
     """Rank 1 finds its input unusable inside the timed work (as a one-class svmlight file would)."""
 
     def run(self, comm):
@@ -60,7 +62,7 @@ class InputErrorInRunOnRankOne(_Tiny):
         comm.Barrier()
 
 
-class InputErrorInCheckOnRankOne(_Tiny):
+class InputErrorInCheckOnRankOne(TinyCase):
     """Rank 1 refuses its input while checking (a NaN feature, say); the others check fine."""
 
     def check(self, comm):
@@ -69,7 +71,7 @@ class InputErrorInCheckOnRankOne(_Tiny):
         return 0
 
 
-class CheckRaisesOnLastRank(_Tiny):
+class CheckRaisesOnLastRank(TinyCase):
     """The last rank's check fails unexpectedly."""
 
     def check(self, comm):
@@ -78,7 +80,7 @@ class CheckRaisesOnLastRank(_Tiny):
         return 0
 
 
-class TeardownFailsOnLastRank(_Tiny):
+class TeardownFailsOnLastRank(TinyCase):
     """The last rank cannot release its state."""
 
     def teardown(self, comm):
@@ -90,7 +92,7 @@ class NotACase:
     """Named as a suite, but not a `bench.case.Case`."""
 
 
-class CheckFailsBeforeACollective(_Tiny):
+class CheckFailsBeforeACollective(TinyCase):
     """Rank 1 raises in check while the others go on into a collective of the check (as svm's does)."""
 
     def check(self, comm):
@@ -100,7 +102,7 @@ class CheckFailsBeforeACollective(_Tiny):
         return 0
 
 
-class SetupFailsBeforeASplit(_Tiny):
+class SetupFailsBeforeASplit(TinyCase):
     """The last rank fails in setup while the others build a sub-communicator."""
 
     def setup(self, comm, size, variant, backend, dtype):
@@ -109,7 +111,7 @@ class SetupFailsBeforeASplit(_Tiny):
         return comm.Split(0, comm.rank)
 
 
-class CheckFailsEverywhere(_Tiny):
+class CheckFailsEverywhere(TinyCase):
     """Every rank finds the result unusable; the point's state must still be torn down (``torn_down``)."""
 
     torn_down = []
@@ -121,7 +123,7 @@ class CheckFailsEverywhere(_Tiny):
         self.torn_down.append(comm.size)
 
 
-class SlowSetup(_Tiny):
+class SlowSetup(TinyCase):
     """Every point spends at least `SECONDS` in set-up: a sweep of several points outlasts a short --time-limit."""
 
     SECONDS = 1.0

@@ -4,21 +4,18 @@ import json
 import pytest
 
 import bench.sweep
-from bench.case import Case, Metrics
 from bench.csvio import read_rows
 from bench.faults import AgreedInputError
 from bench.sweep import DEVICE_WARMUP, SweepConfig, plan_points, run_sweep
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.fake_cases import TinyCase
 
 
-class DeviceVariants(Case):
+class DeviceVariants(TinyCase):
     """One variant for every backend, one host-only, one device-only; records what the harness did."""
 
-    name = "fake"
-    benchmark = "fake"
     variants = ("anywhere", "host_only", "device_only")
-    size_unit = "items"
     host_only_variants = {"host_only": "a host library on purpose"}
     device_only_variants = {"device_only": "a device library on purpose"}
 
@@ -34,13 +31,7 @@ class DeviceVariants(Case):
 
     def run(self, comm):
         self.runs += 1
-        comm.Barrier()
-
-    def check(self, comm):
-        return 0
-
-    def metrics(self, comm, seconds):
-        return Metrics(items_per_s=1 / seconds)
+        super().run(comm)
 
 
 def params_of(row):
