@@ -168,7 +168,7 @@ class Case:
         """Modelled seconds of one run from the constants ``calib`` (see `bench.report.model`; terms
         in `bench.families.costs`), or None when the suite declares no cost model for ``variant``.
         ``size`` is the problem size (after `problem_size`). The report adds the point's
-        ``point_dtype`` and recorded ``point_params`` (a dict; a projection gets a measured
+        ``point_dtype``, ``point_ranks`` and recorded ``point_params`` (a dict; a projection gets a measured
         row's) to ``calib``."""
         return None
 

@@ -274,19 +274,34 @@ class DataParallel(Case):
     def predict(self, variant, size, ranks, calib):
         """One step of the MLP on this rank's ceil(n / p) samples (`costs.dense_layers`), the gather of
         the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
-        SGD update (3 passes over the parameters). None for the CNNs, 16-bit exchange or compute, and
-        accumulation (not modelled)."""
+        SGD update (3 passes over the parameters); the compute on the line through the two calibrated
+        one-rank steps around this batch (`costs.fitted_step`: a fixed cost of the step's Python calls and a scale). None
+        for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
         settings = read_settings(self.settings, variant)
         if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
                 ("mlp", "full", "full", 1):
             return None
-        item, batch = costs.itemsize(calib), math.ceil(size / ranks)
-        widths = (DATA_SHAPES.get(settings["dataset"], (0, 784))[1], 256, 128, 10)
-        parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])) * item
-        forward, backward = costs.dense_layers(calib, widths, batch, ranks)
+        item = costs.itemsize(calib)
+
+        def compute(rows, features):
+            """(forward with the batch gather, backward and SGD update) of the MLP on ``features`` inputs;
+            the gradient bytes."""
+            widths = (features, 256, 128, 10)
+            parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])) * item
+            forward, backward = costs.dense_layers(calib, widths, rows, ranks)
+            rest = costs.copy(calib, rows * features * item) + 3 * costs.reduction(calib, parameters)
+            return forward + rest, backward, parameters
+
+        def calibrated_step(rows):  # local_rates times the default data set, MNIST
+            forward, backward, parameters = compute(rows, DATA_SHAPES["mnist"][1])
+            return forward + backward + costs.allreduce(calib, parameters, 1)
+
+        rows = math.ceil(size / ranks)
+        fixed, scale = costs.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
+        forward, backward, parameters = compute(rows, DATA_SHAPES.get(settings["dataset"], (0, 784))[1])
+        forward, backward = scale * forward, scale * backward
         exchange = costs.allreduce(calib, parameters, ranks, settings["allreduce"])
-        rest = costs.copy(calib, batch * widths[0] * item) + 3 * costs.reduction(calib, parameters)
-        return forward + rest + (max(backward, exchange) if settings["overlap"] else backward + exchange)
+        return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its

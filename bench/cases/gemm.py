@@ -108,27 +108,32 @@ class Gemm(BlasCase):
         (`kernels.gemm_lookahead.summa_panels`). cannon, cannon_overlap (c = 1) and 25d: s =
         ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
         depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
-        ``2 s ceil(n/q)^3`` flops.
+        ``2 s ceil(n/q)^3`` flops. Local products: numpy one n x n x n; 1d_allgather one of
+        ceil(n/p) rows by all of B, 1d_ring p of ceil(n/p) rows by a block of ceil(n/p) rows of
+        B; summa one per panel (m / pr, n / pc, the mean width); Cannon and 25d s of blocks.
         """
         if variant in ("numpy", "cupy"):
-            return Cost(0, 0, 2 * n ** 3, 0)
+            return Cost(0, 0, 2 * n ** 3, 0, (1, n, n, n))
         if variant.startswith("1d"):
-            return Cost(p - 1, (p - 1) * n * n / p, 2 * n ** 3 / p, 0)
+            rows = _ceil_div(n, p)
+            products = (1, rows, n, n) if variant == "1d_allgather" else (p, rows, n, rows)
+            return Cost(p - 1, (p - 1) * n * n / p, 2 * n ** 3 / p, 0, products)
         if variant.startswith("summa"):
             rows, cols = self.grid_dims(variant, p)
             width = min(self.panel, n)
             words = n * n / rows * log2_ceil(cols) + n * n / cols * log2_ceil(rows)
+            panels = summa_panels(n, width, rows, cols)
+            products = (len(panels), _ceil_div(n, rows), _ceil_div(n, cols), n / len(panels))
             if variant == "summa_lookahead":
-                return Cost(len(summa_panels(n, width, rows, cols)) * (log2_ceil(cols) + log2_ceil(rows)), words,
-                            2 * n ** 3 / p, 0)
-            panels = _ceil_div(n, width)
-            return Cost((panels + cols) * log2_ceil(cols) + (panels + rows) * log2_ceil(rows), words,
-                        2 * n ** 3 / p, 0)
+                return Cost(len(panels) * (log2_ceil(cols) + log2_ceil(rows)), words, 2 * n ** 3 / p, 0, products)
+            count = _ceil_div(n, width)
+            return Cost((count + cols) * log2_ceil(cols) + (count + rows) * log2_ceil(rows), words,
+                        2 * n ** 3 / p, 0, products)
         q, replicas = self.grid_dims(variant, p)[0], (self.replicas if variant == "25d" else 1)
         steps, side = _ceil_div(q, replicas), _ceil_div(n, q)
         shifts = 2 * steps if q > 1 else 0
         return Cost(shifts + 2 * log2_ceil(replicas), (shifts + 2 * (replicas - 1) / replicas) * side ** 2,
-                    2 * steps * side ** 3, 0)
+                    2 * steps * side ** 3, 0, (steps, side, side, side))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Blocks of A, B and C with each variant's buffers (see kernels.gemm), in entries:

@@ -90,12 +90,11 @@ class PointToPoint(Case):
 
     def predict(self, variant, size, ranks, calib):
         """latency: a round trip, two one-way messages of the calibrated ping-pong table; bandwidth:
-        W pipelined messages (a Python call and the transfer of n bytes each, ``message(n) - message(8)``)
-        after the first one's latency, and the acknowledgement."""
+        `WINDOW` messages at the calibrated gap of a window of the same pattern (``stream``, its
+        acknowledgement included)."""
         if variant == "latency":
             return 2 * costs.message(calib, size)
-        latency = costs.message(calib, 8)
-        return 2 * latency + WINDOW * (calib["overhead_s"] + costs.message(calib, size) - latency)
+        return WINDOW * costs.stream(calib, size)
 
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}

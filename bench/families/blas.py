@@ -79,7 +79,9 @@ CANNON_VARIANTS = ("cannon", "cannon_overlap")
 TF32_EPS = 2.0 ** -10     # TF32 keeps 10 of float32's 23 mantissa bits
 
 #: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
-Cost = namedtuple("Cost", "messages words flops stream_words")
+#: Per rank: messages, words sent, flops, words streamed through memory, and (compute-bound
+#: suites) the local products ``(count, m, n, k)``: ``count`` GEMMs of (m, k) by (k, n).
+Cost = namedtuple("Cost", "messages words flops stream_words products", defaults=(None,))
 
 
 def seeded_rows(name, rows, width, dtype="float64"):
@@ -286,18 +288,22 @@ class BlasCase(Case):
     def predict(self, variant, size, ranks, calib):
         """Cost of the messages and words of `cost` (float64) plus the computation.
 
-        Computation: ``flops`` at the calibrated GEMM rate of a rank's block size (n / sqrt p)
-        and threads (`bench.families.costs.gemm`); memory-bound suites stream their words
-        as a copy of half as many (a copy reads and writes each byte). Messages: the
-        calibrated one-way time of a message of the mean size; one Python call per run.
-        None when ``variant`` cannot run on ``ranks`` ranks.
+        Computation: the local products of ``cost.products`` at the calibrated GEMM rate of
+        their shapes (else ``flops`` at the rate of a rank's block size, n / sqrt p), at the
+        threads and sharing of one of ``ranks`` ranks (`bench.families.costs.gemm`);
+        memory-bound suites stream their words as a copy of half as many (a copy reads and
+        writes each byte). Messages: the calibrated one-way time of a message of the mean
+        size; one Python call per run. None when ``variant`` cannot run on ``ranks`` ranks.
         """
         try:
             self.check_ranks(ranks, variant)
         except InputError:
             return None
         cost = self.cost(variant, size, ranks)
-        if self.compute_bound:
+        if self.compute_bound and cost.products:
+            count, m, n, k = cost.products
+            compute = count * costs.gemm(calib, m, n, k, ranks)
+        elif self.compute_bound:
             side = size / math.sqrt(ranks)  # a rank's blocks of the product
             compute = costs.gemm(calib, side, side, side, ranks) * cost.flops / (2 * side**3)
         else:

@@ -8,6 +8,13 @@ calibrated rates at the point's dtype (``calib["point_dtype"]``, set by the
 report; float64 otherwise) and at the BLAS threads the harness gives a rank,
 ``cores // ranks`` (at least 1), interpolated between the one-thread and
 all-cores rates.
+
+A point on two or more ranks (``ranks``, or ``calib["point_ranks"]`` set by the
+report where a term has no ranks) shares the node: its rates are scaled by what
+sharing cost in the calibration (the ``busy`` rate over the alone rate at the
+same threads), and its memory passes use the ``busy`` tables. Steps of
+collectives where both ranks of a pair send at once are priced at the
+calibrated ``exchange``, not two one-way messages.
 """
 import bisect
 import math
@@ -32,6 +39,16 @@ def itemsize(calib):
     return WORD_TYPES.get(calib.get("point_dtype", "float64"), 8)
 
 
+def _shared(calib, ranks=None):
+    """The ``busy`` measurements when the point runs on two or more ranks and the calibration has them."""
+    ranks = calib.get("point_ranks", 1) if ranks is None else ranks
+    return calib.get("busy") if ranks >= 2 else None
+
+
+def _memory_table(calib, key):
+    return (_shared(calib) or calib)[key]
+
+
 def message(calib, nbytes):
     """One blocking message of ``nbytes`` from Python (mpi4py call included): the one-way ping-pong time."""
     return interpolate(calib["pingpong"], max(nbytes, 1))
@@ -42,14 +59,29 @@ def wire(calib, nbytes):
     return max(message(calib, nbytes) - calib["overhead_s"], 0.0)
 
 
+def exchange(calib, nbytes):
+    """One ``Sendrecv`` from Python of ``nbytes`` each way, the partner sending at the same time."""
+    return interpolate(calib["exchange"], max(nbytes, 1))
+
+
+def exchange_wire(calib, nbytes):
+    """One step of an MPI collective where both ranks of a pair send ``nbytes`` at once."""
+    return max(exchange(calib, nbytes) - calib["overhead_s"], 0.0)
+
+
+def stream(calib, nbytes):
+    """One message of ``nbytes`` in a window of non-blocking sends (the gap between messages)."""
+    return interpolate(calib["stream"], max(nbytes, 1))
+
+
 def reduction(calib, nbytes):
     """One in-place NumPy addition of ``nbytes`` (a call of a few microseconds at small sizes)."""
-    return interpolate(calib["reduce"], max(nbytes, 1))
+    return interpolate(_memory_table(calib, "reduce"), max(nbytes, 1))
 
 
 def copy(calib, nbytes):
     """One NumPy copy of ``nbytes``."""
-    return interpolate(calib["copy"], max(nbytes, 1))
+    return interpolate(_memory_table(calib, "copy"), max(nbytes, 1))
 
 
 def threads(calib, ranks):
@@ -57,75 +89,118 @@ def threads(calib, ranks):
     return max(1, int(calib["cores"]) // max(ranks, 1))
 
 
-def _rate(calib, pair, ranks):
-    """A ``[one thread, all cores]`` rate at the threads of one of ``ranks`` ranks."""
+def _rate(calib, pair, ranks, busy=None):
+    """A ``[one thread, all cores]`` rate (or time) at the threads of one of ``ranks`` ranks, scaled by
+    ``busy / (the pair at the busy measurement's threads)`` when ``ranks`` share the node."""
     one, every = pair
     cores = int(calib["cores"])
-    return one if cores == 1 else one + (every - one) * (threads(calib, ranks) - 1) / (cores - 1)
+
+    def at(count):
+        return one if cores == 1 else one + (every - one) * (count - 1) / (cores - 1)
+    shared = _shared(calib, ranks)
+    return at(threads(calib, ranks)) * (busy / at(shared["threads"]) if shared and busy is not None else 1.0)
+
+
+def _at_dtype(calib, table):
+    """The entry of ``table`` (a dict by dtype name) at the point's dtype, float64 when it has none."""
+    return table.get(calib.get("point_dtype", "float64")) or table["float64"]
 
 
 def gemm(calib, m, n, k, ranks):
-    """A product of (m, k) by (k, n) on one of ``ranks`` ranks, at the rate of the square size of equal work."""
+    """A product of (m, k) by (k, n) on one of ``ranks`` ranks, at the rate of the square size of equal work
+    (the largest calibrated size's rate beyond it: a rate extrapolated along a slope could turn negative)."""
     if min(m, n, k) <= 0:
         return 0.0
-    table = calib["gemm"][calib.get("point_dtype", "float64") if calib.get("point_dtype") in calib["gemm"]
-                          else "float64"]
+    table = _at_dtype(calib, calib["gemm"])
+    busy = _at_dtype(calib, _shared(calib, ranks)["gemm"]) if _shared(calib, ranks) else [None] * len(table[0])
     side = (m * n * k) ** (1 / 3)
-    rates = [[size, _rate(calib, [table[0][i], table[-1][i]], ranks)] for i, size in enumerate(calib["gemm_sizes"])]
-    return 2 * m * n * k / interpolate(rates, side)
+    rates = [[size, _rate(calib, [table[0][i], table[-1][i]], ranks, busy[i])]
+             for i, size in enumerate(calib["gemm_sizes"])]
+    return 2 * m * n * k / interpolate(rates, min(side, calib["gemm_sizes"][-1]))  # no slope beyond the table
 
 
 def suite_rate(calib, suite, variant, ranks):
-    """Flop/s of ``suite``'s calibrated kernel ``variant`` (`bench.report.calibrate.SUITE_POINTS`) on one rank."""
-    by_dtype = calib[suite]
-    table = by_dtype.get(calib.get("point_dtype", "float64")) or by_dtype["float64"]
-    return _rate(calib, table[variant], ranks)
+    """Flop/s of ``suite``'s calibrated kernel ``variant`` (`bench.report.local_rates.SUITE_POINTS`) on one rank."""
+    shared = _shared(calib, ranks)
+    return _rate(calib, _at_dtype(calib, calib[suite])[variant], ranks,
+                 _at_dtype(calib, shared[suite])[variant] if shared else None)
+
+
+def fitted_step(calib, key, modelled, ranks, rows):
+    """``(a, b)``: the line ``seconds = a + b modelled(rows)`` through the two calibrated steps ``calib[key]``
+    (by dtype, ``[[rows, [one thread, all cores]], ...]``, `bench.report.local_rates`) around ``rows``
+    (the first or last two beyond them) at the threads and sharing of one of ``ranks`` ranks. ``a``: the
+    fixed seconds of a step (Python calls the model does not count); ``b``: the scale of the modelled
+    seconds (1 when they do not grow)."""
+    shared = _shared(calib, ranks)
+    alone = _at_dtype(calib, calib[key])
+    busy = [seconds for _, seconds in _at_dtype(calib, shared[key])] if shared else [None] * len(alone)
+    steps = [(count, _rate(calib, pair, ranks, value)) for (count, pair), value in zip(alone, busy)]
+    upper = min(max(bisect.bisect_left([count for count, _ in steps], rows), 1), len(steps) - 1)
+    (r0, t0), (r1, t1) = steps[upper - 1:upper + 1]
+    m0, m1 = modelled(r0), modelled(r1)
+    scale = (t1 - t0) / (m1 - m0) if m1 > m0 * (1 + 1e-9) else 1.0
+    return t0 - scale * m0, scale
 
 
 def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     """An allreduce of ``nbytes`` per rank.
 
-    ``mpi``: MPI_Allreduce, one Python call, then recursive doubling or Rabenseifner
-    (MPICH's choice: the cheaper); the hand-written algorithms pay a Python message
-    and a NumPy reduction per step: ring 2(p-1) steps of n/p, recursive doubling
-    log2 p' steps of n, Rabenseifner 2 log2 p' steps of halving sizes, tree ceil(log2 p)
-    reduce and broadcast steps of n. Non-powers of two add a fold (two messages of n
-    and a reduction). One rank: a copy.
+    ``mpi``: MPI_Allreduce at the calibrated time of the library's own allreduce on two
+    ranks, scaled to ``ranks`` as recursive doubling or Rabenseifner (MPICH's choice: the
+    cheaper) scale. The hand-written algorithms pay the calibrated Python path of a call
+    (``call_s``) and, per step, a Python call and a NumPy reduction: ring 2(p-1)
+    exchanges of n/p and p-1 reductions, recursive doubling log2 p' exchanges and
+    reductions of n, Rabenseifner 2 log2 p' exchanges of halving sizes (reduce-scatter,
+    then allgather) and log2 p' reductions, tree ceil(log2 p) one-way messages of n up
+    (each reduced) and as many down. Non-powers of two add a fold (two one-way messages
+    of n and a reduction). One rank: the call and a copy.
     """
     p, n = ranks, nbytes
+    python = algorithm != "mpi"
     if p == 1:
-        return calib["overhead_s"] + copy(calib, n)
+        return (calib["call_s"] - copy(calib, 8) if python else calib["overhead_s"]) + copy(calib, n)
+    if not python:
+        library = max(interpolate(calib["allreduce"], max(n, 1)) - calib["overhead_s"], 0.0)
+        base = _library_steps(calib, n, 2)
+        return calib["overhead_s"] + library * (_library_steps(calib, n, p) / base if base > 0 else 1.0)
     pow2 = 1 << (p.bit_length() - 1)
     rounds = pow2.bit_length() - 1
-    python = algorithm != "mpi"
-    send = message if python else wire
-    fold = 0.0 if p == pow2 else 2 * send(calib, n) + reduction(calib, n)
-    halves = sum(send(calib, n / 2**(r + 1)) * 2 + reduction(calib, n / 2**(r + 1)) for r in range(rounds))
+    fold = 0.0 if p == pow2 else 2 * message(calib, n) + reduction(calib, n)
+    halves = sum(exchange(calib, n / 2**(r + 1)) * 2 + reduction(calib, n / 2**(r + 1)) for r in range(rounds))
     costs = dict(
-        ring=(p - 1) * (2 * message(calib, n / p) + reduction(calib, n / p)),
-        recursive_doubling=fold + rounds * (send(calib, n) + reduction(calib, n)),
+        ring=(p - 1) * (2 * exchange(calib, n / p) + reduction(calib, n / p)),
+        recursive_doubling=fold + rounds * (exchange(calib, n) + reduction(calib, n)),
         rabenseifner=fold + halves,
         tree=math.ceil(math.log2(p)) * (2 * message(calib, n) + reduction(calib, n)),
     )
-    if not python:
-        return calib["overhead_s"] + min(costs["recursive_doubling"], costs["rabenseifner"])
-    return costs[choose(p, n) if algorithm == "auto" else algorithm]
+    return calib["call_s"] + costs[choose(p, n) if algorithm == "auto" else algorithm]
+
+
+def _library_steps(calib, n, p):
+    """Seconds of the cheaper of recursive doubling and Rabenseifner inside MPI (no Python per step) on ``p``
+    ranks: how the library's allreduce grows with ``p``."""
+    pow2 = 1 << (p.bit_length() - 1)
+    rounds = pow2.bit_length() - 1
+    fold = 0.0 if p == pow2 else 2 * wire(calib, n) + reduction(calib, n)
+    halves = sum(exchange_wire(calib, n / 2**(r + 1)) * 2 + reduction(calib, n / 2**(r + 1)) for r in range(rounds))
+    return fold + min(rounds * (exchange_wire(calib, n) + reduction(calib, n)), halves)
 
 
 def allgather(calib, nbytes, ranks):
     """MPI_Allgather of ``nbytes`` in all (n / p from each rank): p - 1 ring steps."""
-    return calib["overhead_s"] + (ranks - 1) * wire(calib, nbytes / ranks) + (copy(calib, nbytes / ranks)
-                                                                             if ranks > 1 else 0.0)
+    return calib["overhead_s"] + (ranks - 1) * exchange_wire(calib, nbytes / ranks) + (
+        copy(calib, nbytes / ranks) if ranks > 1 else 0.0)
 
 
 def reduce_scatter(calib, nbytes, ranks):
-    """MPI_Reduce_scatter of ``nbytes`` in all: p - 1 ring steps, each a message and a reduction of n / p."""
-    return calib["overhead_s"] + (ranks - 1) * (wire(calib, nbytes / ranks) + reduction(calib, nbytes / ranks))
+    """MPI_Reduce_scatter of ``nbytes`` in all: p - 1 ring steps, each an exchange and a reduction of n / p."""
+    return calib["overhead_s"] + (ranks - 1) * (exchange_wire(calib, nbytes / ranks) + reduction(calib, nbytes / ranks))
 
 
 def alltoall(calib, nbytes, ranks):
-    """MPI_Alltoall(v) of ``nbytes`` per rank in all: p - 1 pairwise messages of n / p."""
-    return calib["overhead_s"] + (ranks - 1) * wire(calib, nbytes / ranks)
+    """MPI_Alltoall(v) of ``nbytes`` per rank in all: p - 1 pairwise exchanges of n / p."""
+    return calib["overhead_s"] + (ranks - 1) * exchange_wire(calib, nbytes / ranks)
 
 
 def calls(calib, count):

@@ -4,22 +4,33 @@ Between rank 0 and a partner rank (a rank on another shared-memory node when
 there is one, so that a calibration inside a two-node allocation measures the
 network: ``scope`` ``inter-node``; else rank 1, ``intra-node``):
 
+Each entry of the message tables is a median over rounds that visit every entry in
+turn (a burst of load on a shared machine spreads over many entries), each sample
+the mean of back-to-back calls after a barrier:
+
 - ``pingpong``: one-way seconds of a blocking ping-pong at 8 B .. 16 MiB (the table
   messages are interpolated in); ``alpha_s`` and ``beta_s_per_byte`` are its fit
   ``t = overhead + alpha + n beta`` (beta: the slope over 1-16 MiB, alpha: the rest at 8 B);
+- ``exchange``: seconds of one ``Sendrecv`` of n bytes each way with both ranks sending at
+  once (a step of a ring, recursive doubling or halo exchange), back to back, 8 B .. 16 MiB;
+- ``stream``: seconds per message of a window of `bench.cases.p2p.WINDOW` non-blocking
+  messages and its acknowledgement (LogGP's gap; OSU's osu_bw pattern), 8 B .. 4 MiB;
+- ``allreduce``: seconds of one ``MPI_Allreduce`` (float64 sum) of n bytes, 8 B .. 16 MiB:
+  the library's own algorithm, which the model of ``MPI_Allreduce`` scales to more ranks;
 - ``overhead_s``: the Python path of one message, a ``Sendrecv`` to ``MPI.PROC_NULL``
-  (argument handling, no transfer).
+  (argument handling, no transfer); ``call_s``: a hand-written allreduce of 8 B on
+  ``MPI.COMM_SELF`` (the Python path of one call of `parallel.collectives`: checks, plan, copy).
 
-On rank 0 alone (the partner sleeps), with one BLAS thread and with one per core:
+The local rates of `bench.report.local_rates` (GEMM, the suites' kernels, ``dp``
+steps, memory tables, kernel rows) are measured twice:
 
-- ``reduce``: seconds of an in-place float64 addition at 8 B .. 16 MiB (``gamma_s_per_byte``:
-  its large-size slope), ``copy``: the same for a copy (``memcpy_bytes_per_s`` at 64 MB);
-- ``gemm``: flop/s of square products by size and dtype (``gemm_flops_per_s``: float64 at 1024);
-- ``conv``, ``attention``: flop/s of the suites' own kernels on one rank at a reference size,
-  forward and forward + backward, by dtype;
-- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64.
-
-Rates are recorded as ``[one thread, all cores]`` pairs; ``cores`` says how many.
+- on rank 0 alone (the other ranks sleep), with one BLAS thread and with one per core:
+  recorded as ``[one thread, all cores]`` pairs (``cores`` says how many; the memory
+  tables and ``kernel_rows`` with one thread only). ``gamma_s_per_byte`` is the
+  large-size slope of ``reduce``, ``memcpy_bytes_per_s`` the rate of its largest copy;
+- under ``busy``, on every rank of rank 0's node at once, each with ``threads`` =
+  cores // ``ranks`` BLAS threads (as a sweep's ranks share the node's cores and memory
+  bandwidth); absent when rank 0's node holds one rank.
 """
 import os
 import socket
@@ -28,32 +39,27 @@ from datetime import datetime, timezone
 
 import numpy as np
 from mpi4py import MPI
-from threadpoolctl import threadpool_limits
 
 from bench.provenance import mpi_library
+from bench.report.local_rates import DP_ROWS, GEMM_SIZES, ROUNDS, local_rates, measure_interleaved
 from kernels.errors import InputError
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
+STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
 SLOPE_FROM = 1 << 20
-LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
-GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
-DTYPES = ("float32", "float64")
-#: (suite, variant, size): reference points of the suites whose kernel rate is calibrated.
-SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
-KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 64
 
 
 def calibrate(comm):
     """Measure the model constants (see the module); return them as a dict on every rank.
 
-    Communication: one ``Split_type`` and a ping-pong per size of `PINGPONG_SIZES`
-    between rank 0 and its partner; the other ranks wait in a sleeping barrier.
+    Communication: one ``Split_type``; ping-pongs, exchanges and windows per size between
+    rank 0 and its partner; barriers between the samples of the ranks of rank 0's node;
+    the other ranks wait in a sleeping barrier.
     """
     if comm.size < 2:
         raise InputError("calibrate needs 2 ranks (it measures a ping-pong); use --np 2")
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     home = node.allreduce(comm.rank, op=MPI.MIN)  # a node is named by its lowest world rank
-    node.Free()
     homes = comm.allgather(home)
     away = [rank for rank, where in enumerate(homes) if where != homes[0]]
     partner = away[0] if away else 1
@@ -62,8 +68,16 @@ def calibrate(comm):
     if pair != MPI.COMM_NULL:
         result = _measure_pair(pair)
         pair.Free()
-    if result is not None:
-        result.update(scope="inter-node" if away else "intra-node")
+    cores = os.cpu_count() or 1
+    busy = None
+    if home == homes[0] and node.size > 1:  # rank 0's node: every rank at once
+        threads = max(1, cores // node.size)
+        busy = dict(ranks=node.size, threads=threads, **local_rates(threads, node))
+    node.Free()
+    if comm.rank == 0:
+        result.update(_alone_rates(cores), scope="inter-node" if away else "intra-node")
+        if busy is not None:
+            result["busy"] = busy
     return _sleeping_bcast(comm, result)
 
 
@@ -76,38 +90,106 @@ def _sleeping_bcast(comm, value):
 
 
 def _measure_pair(pair):
-    times = [_one_way_seconds(pair, n, 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES]
+    """The message tables (see the module), each entry the median over `ROUNDS` rounds that visit every
+    entry in turn; a sample is the mean of back-to-back calls after a barrier, the slower rank's (its first
+    call also makes the pair's connection)."""
+    entries = {("pingpong", n): (_pingponger(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES}
+    entries.update({("exchange", n): (_exchanger(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES})
+    entries.update({("stream", n): (_windower(pair, n), 10 if n < SLOPE_FROM else 2) for n in STREAM_SIZES})
+    entries.update({("allreduce", n): (_reducer(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES})
+    samples = {key: [] for key in entries}
+    for _ in range(ROUNDS):
+        for key, (function, calls) in entries.items():
+            samples[key].append(_mean_seconds(pair, function, calls))
+    seconds = np.array([np.median(values) for values in samples.values()])
+    pair.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+    tables = {"pingpong": [], "exchange": [], "stream": [], "allreduce": []}
+    for (table, n), value in zip(entries, seconds.tolist()):
+        tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1)])
     overhead = _proc_null_seconds(pair)
-    result = None
-    if pair.rank == 0:
-        large = [(n, t) for n, t in zip(PINGPONG_SIZES, times) if n >= SLOPE_FROM]
-        beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
-        alpha = max(times[0] - overhead - PINGPONG_SIZES[0] * beta, 1e-9)  # > 0: below the clock's resolution
-        result = dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead,
-                      pingpong=[[n, t] for n, t in zip(PINGPONG_SIZES, times)])
-        result.update(_local_rates())
-        result.update(mpi_library=mpi_library(), host=socket.gethostname(),
-                      timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    _sleeping_bcast(pair, None)
-    return result
+    if pair.rank != 0:
+        return None
+    large = [(n, t) for n, t in tables["pingpong"] if n >= SLOPE_FROM]
+    beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
+    alpha = max(tables["pingpong"][0][1] - overhead - PINGPONG_SIZES[0] * beta, 1e-9)  # > 0: below the clock
+    return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
+                **tables,
+                mpi_library=mpi_library(), host=socket.gethostname(),
+                timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def _one_way_seconds(comm, nbytes, iters):
-    buffer = np.zeros(nbytes, np.uint8)
-    partner = 1 - comm.rank
-    samples = []
-    for index in range(iters + 2):
-        comm.Barrier()
-        start = MPI.Wtime()
-        if comm.rank == 0:
-            comm.Send(buffer, partner)
-            comm.Recv(buffer, partner)
-        else:
-            comm.Recv(buffer, partner)
-            comm.Send(buffer, partner)
-        if index >= 2:
-            samples.append((MPI.Wtime() - start) / 2)
-    return comm.allreduce(float(np.median(samples)), op=MPI.MAX)
+def _buffers(nbytes):
+    """Separate send and receive buffers of ``nbytes``, written once (as OSU's; a rank that receives into
+    the buffer it then sends from can take twice as long per message here), as mpi4py buffer specs."""
+    return [np.ones(nbytes, np.uint8), MPI.BYTE], [np.ones(nbytes, np.uint8), MPI.BYTE]
+
+
+def _pingponger(comm, nbytes):
+    """A round trip of ``nbytes``: rank 0 sends first, rank 1 echoes from its own send buffer."""
+    (send, recv), partner = _buffers(nbytes), 1 - comm.rank
+    if comm.rank == 0:
+        def run():
+            comm.Send(send, partner)
+            comm.Recv(recv, partner)
+    else:
+        def run():
+            comm.Recv(recv, partner)
+            comm.Send(send, partner)
+    return run
+
+
+def _exchanger(comm, nbytes):
+    """Both ranks send ``nbytes`` to each other at once."""
+    (send, recv), partner = _buffers(nbytes), 1 - comm.rank
+    return lambda: comm.Sendrecv(send, partner, 0, recv, partner, 0)
+
+
+def _reducer(comm, nbytes):
+    """``MPI_Allreduce`` (sum) of ``nbytes`` of float64 (8 at least) on both ranks."""
+    send, recv = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
+    return lambda: comm.Allreduce(send, recv, op=MPI.SUM)
+
+
+def _hand_written_call_seconds():
+    """Seconds of a hand-written allreduce of 8 B on ``MPI.COMM_SELF``: its Python path (checks, plan) and a copy."""
+    from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
+
+    send, recv, allreduce = np.ones(1), np.ones(1), ALLREDUCE_ALGORITHMS["recursive_doubling"]
+    try:
+        return measure_interleaved({"call": lambda: allreduce(MPI.COMM_SELF, send, recv)})["call"]
+    finally:
+        release_plans(MPI.COMM_SELF)
+
+
+def _window():
+    from bench.cases.p2p import WINDOW
+
+    return WINDOW
+
+
+def _windower(comm, nbytes):
+    """Rank 0 sends a window of messages of ``nbytes``, rank 1 receives them and acknowledges."""
+    (send, recv), ack, window = _buffers(nbytes), [np.zeros(1, np.uint8), MPI.BYTE], _window()
+    if comm.rank == 0:
+        def run():
+            MPI.Request.Waitall([comm.Isend(send, 1, 0) for _ in range(window)])
+            comm.Recv(ack, 1, 1)
+    else:
+        def run():
+            MPI.Request.Waitall([comm.Irecv(recv, 0, 0) for _ in range(window)])
+            comm.Send(ack, 0, 1)
+    return run
+
+
+def _mean_seconds(comm, function, calls):
+    """Mean seconds of ``calls`` back-to-back ``function()`` calls after a barrier; one call before it
+    brings the buffers back into the caches (the other entries of a round evicted them)."""
+    function()
+    comm.Barrier()
+    start = MPI.Wtime()
+    for _ in range(calls):
+        function()
+    return (MPI.Wtime() - start) / calls
 
 
 def _proc_null_seconds(comm, calls=2000):
@@ -122,89 +204,18 @@ def _proc_null_seconds(comm, calls=2000):
     return comm.allreduce(best, op=MPI.MAX)
 
 
-def _seconds_per_call(function, repeats=5, least=0.02):
-    """Median seconds of ``function()``, each sample looping until it lasts ``least`` seconds."""
-    function()
-    start = MPI.Wtime()
-    function()
-    once = max(MPI.Wtime() - start, 1e-7)
-    loops = max(1, int(least / once))
-    times = []
-    for _ in range(repeats):
-        start = MPI.Wtime()
-        for _ in range(loops):
-            function()
-        times.append((MPI.Wtime() - start) / loops)
-    return float(np.median(times))
-
-
-def _local_rates():
-    cores = os.cpu_count() or 1
-    rates = dict(cores=cores, gemm={}, conv={}, attention={})
-    for threads in sorted({1, cores}):
-        with threadpool_limits(limits=threads):
-            for dtype in DTYPES:
-                rates["gemm"].setdefault(dtype, []).append(_gemm_rates(dtype))
-                for suite, variant, size in SUITE_POINTS:
-                    rates[suite].setdefault(dtype, {}).setdefault(variant, []).append(
-                        _suite_rate(suite, variant, size, dtype))
-            if threads == 1:
-                rates.update(_memory_tables())
-                rates["kernel_rows"] = _kernel_entries_per_s()
-    if cores == 1:  # one thread is all cores
-        for table in (rates["gemm"], *(v for s in ("conv", "attention") for v in rates[s].values())):
-            for values in table.values():
-                values.append(values[0])
-    rates["gemm_sizes"] = list(GEMM_SIZES)
-    rates["gemm_flops_per_s"] = rates["gemm"]["float64"][0][-1]
-    return rates
-
-
-def _gemm_rates(dtype):
-    rng = np.random.default_rng(0)
-    rates = []
-    for n in GEMM_SIZES:
-        a = rng.random((n, n)).astype(dtype)
-        rates.append(2 * n**3 / _seconds_per_call(lambda: a @ a))
-    return rates
-
-
-def _memory_tables():
-    reduce_table, copy_table = [], []
-    warm, zero = np.ones(1), np.zeros(1)
-    _seconds_per_call(lambda: np.add(warm, zero, out=warm))  # the first timed calls run slower: not in the table
-    for nbytes in LOCAL_SIZES:
-        vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
-        reduce_table.append([nbytes, _seconds_per_call(lambda: np.add(vector, other, out=vector))])
-        copy_table.append([nbytes, _seconds_per_call(lambda: np.copyto(other, vector))])
-    (n0, t0), (n1, t1) = reduce_table[-2:]
-    source = np.ones(8 << 20)
-    target = np.empty_like(source)
-    memcpy = source.nbytes / _seconds_per_call(lambda: np.copyto(target, source), 3)
-    return dict(reduce=reduce_table, copy=copy_table, gamma_s_per_byte=(t1 - t0) / (n1 - n0),
-                memcpy_bytes_per_s=memcpy)
-
-
-def _suite_rate(suite, variant, size, dtype):
-    """Flop/s of ``suite``'s ``variant`` at ``size`` on one rank (its settings as the environment gives them)."""
-    from bench.registry import get_case
-    from kernels.backend import get_backend
-
-    case, comm = get_case(suite), MPI.COMM_SELF
-    state = case.setup(comm, size, variant, get_backend("numpy", comm), dtype)
-    try:
-        seconds = _seconds_per_call(lambda: case.run(state), repeats=3, least=0.05)
-        return case.metrics(state, seconds).gflops * 1e9
-    finally:
-        case.teardown(state)
-
-
-def _kernel_entries_per_s():
-    from svm.solver.gram import make_kernel, squared_norms
-
-    rng = np.random.default_rng(0)
-    X = rng.random((KERNEL_COLUMNS, KERNEL_DIM))
-    kernel = make_kernel("rbf", X)
-    norms = squared_norms(X)
-    rows = X[:KERNEL_ROWS]
-    return KERNEL_ROWS * KERNEL_COLUMNS / _seconds_per_call(lambda: kernel.block(rows, X, norms))
+def _alone_rates(cores):
+    """`local_rates` on this rank alone with one thread and with ``cores``, paired ``[one thread, all cores]``."""
+    one = local_rates(1)
+    every = local_rates(cores) if cores > 1 else one
+    suites = {suite: {dtype: {variant: [rate, every[suite][dtype][variant]] for variant, rate in variants.items()}
+                      for dtype, variants in one[suite].items()} for suite in ("conv", "attention")}
+    (n0, t0), (n1, t1) = one["reduce"][-2:]
+    largest, seconds = one["copy"][-1]
+    return dict(cores=cores, gemm={dtype: [rates, every["gemm"][dtype]] for dtype, rates in one["gemm"].items()},
+                **suites, dp_step={dtype: [[rows, [t, every["dp_step"][dtype][i][1]]]
+                                           for i, (rows, t) in enumerate(table)]
+                                   for dtype, table in one["dp_step"].items()},
+                reduce=one["reduce"], copy=one["copy"], kernel_rows=one["kernel_rows"],
+                gamma_s_per_byte=(t1 - t0) / (n1 - n0), memcpy_bytes_per_s=largest / seconds,
+                gemm_sizes=list(GEMM_SIZES), gemm_flops_per_s=one["gemm"]["float64"][-1], dp_rows=list(DP_ROWS))

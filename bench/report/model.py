@@ -9,7 +9,7 @@ Several files may be given: at most one per ``scope`` (``intra-node``, ``inter-n
 The intra-node file (else the only one) gives every constant; an inter-node file
 adds its message constants under ``inter`` (`MESSAGE_KEYS`), which projections use
 (`for_projection`). A file written before the per-message overhead, tables and
-compute rates existed lacks `KEYS` and is refused in one line asking to re-run
+compute rates (and the exchange, window and ``dp`` step tables) existed lacks `KEYS` and is refused in one line asking to re-run
 ``mlscale calibrate`` (its constants could not model the suites honestly).
 """
 import json
@@ -18,13 +18,14 @@ import math
 from kernels.errors import InputError
 
 #: Positive numbers every calibration holds.
-NUMBERS = ("alpha_s", "beta_s_per_byte", "overhead_s", "gamma_s_per_byte", "memcpy_bytes_per_s", "gemm_flops_per_s",
-           "kernel_rows", "cores")
+NUMBERS = ("alpha_s", "beta_s_per_byte", "overhead_s", "call_s", "gamma_s_per_byte", "memcpy_bytes_per_s",
+           "gemm_flops_per_s", "kernel_rows", "cores")
 #: Tables and rate maps (see `bench.report.calibrate`).
-TABLES = ("pingpong", "reduce", "copy", "gemm", "gemm_sizes", "conv", "attention")
+TABLES = ("pingpong", "exchange", "stream", "allreduce", "reduce", "copy", "gemm", "gemm_sizes", "conv", "attention",
+          "dp_step")
 KEYS = NUMBERS + TABLES
 #: The constants of messages, which an inter-node calibration replaces in projections.
-MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong")
+MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
 
 
@@ -45,7 +46,7 @@ def load_calibration(path):
         raise InputError(f"{path} is not an mlscale calibration (a JSON object); run mlscale calibrate")
     missing = [key for key in KEYS if key not in calib]
     if missing:
-        older = "alpha_s" in calib and "overhead_s" not in calib
+        older = "alpha_s" in calib
         raise InputError(f"{path} " + ("was written by an older mlscale calibrate" if older else
                                        "is not an mlscale calibration") +
                          f" (missing {missing[0]!r}); run mlscale calibrate again")

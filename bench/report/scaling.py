@@ -81,13 +81,13 @@ class Suites:
 
 
 def _predict(case, key, ranks, calib, params=None):
-    """The case's prediction, with the point's dtype and recorded ``params`` in the calibration (see
+    """The case's prediction, with the point's dtype, ranks and recorded ``params`` in the calibration (see
     `bench.case.Case.predict`)."""
     if case is None or calib is None:
         return None
     suite, benchmark, variant, backend, dtype, scaling, size, settings = key
     return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks,
-                        dict(calib, point_dtype=dtype, point_params=params or {}))
+                        dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
 
 
 def suite_kind(rows):

@@ -5,7 +5,8 @@ BIG = 1 << 24
 
 
 def calibration(alpha=2e-6, beta=1e-10, gamma=5e-11, overhead=1e-7, copy=1.25e-10, rate=3e10, cores=2):
-    """A calibration whose tables are straight lines: message ``overhead + alpha + n beta``, reduction
+    """A calibration whose tables are straight lines: message (one way, exchange, in a window) and
+    MPI_Allreduce on two ranks ``overhead + alpha + n beta``, a hand-written allreduce call ``overhead``, reduction
     ``n gamma``, copy ``n copy``, every compute rate ``rate`` (all cores: twice that)."""
     def line(start, slope):
         return [[1, start + slope], [BIG, start + BIG * slope]]
@@ -14,6 +15,9 @@ def calibration(alpha=2e-6, beta=1e-10, gamma=5e-11, overhead=1e-7, copy=1.25e-1
     return {"alpha_s": alpha, "beta_s_per_byte": beta or 1e-30, "overhead_s": overhead,
             "gamma_s_per_byte": gamma or 1e-30, "memcpy_bytes_per_s": 1 / (copy or 1e-30), "gemm_flops_per_s": rate,
             "kernel_rows": 1e7, "cores": cores, "pingpong": line(overhead + alpha, beta),
+            "exchange": line(overhead + alpha, beta), "stream": line(overhead + alpha, beta),
+            "allreduce": line(overhead + alpha, beta), "call_s": overhead,
+            "dp_step": {"float64": [[32, [1e-3, 1e-3]], [256, [4e-3, 4e-3]]]},
             "reduce": line(0.0, gamma), "copy": line(0.0, copy), "gemm": {"float64": rates, "float32": rates},
             "gemm_sizes": [32, 64, 128, 256, 512, 1024],
             "conv": {"float64": {"forward": [rate, 2 * rate], "forward_backward": [rate, 2 * rate]}},

@@ -70,7 +70,17 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert set(KEYS) <= set(constants) and constants["scope"] in ("intra-node", "inter-node")
     assert all(constants[key] > 0 for key in ("alpha_s", "beta_s_per_byte", "overhead_s", "gamma_s_per_byte",
                                               "kernel_rows"))
-    assert [n for n, _ in constants["pingpong"]] == [8 << k for k in range(22)]
+    assert [n for n, _ in constants["pingpong"]] == [n for n, _ in constants["exchange"]] == [8 << k for k in range(22)]
+    assert [n for n, _ in constants["stream"]] == [8 << k for k in range(20)]
+    assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"]
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks_with_zero = comm.bcast(node.size, root=0)  # every rank of rank 0's node measures the busy rates
+    node.Free()
+    assert ("busy" in constants) == (ranks_with_zero > 1)
+    if ranks_with_zero > 1:
+        busy = constants["busy"]
+        assert busy["ranks"] == ranks_with_zero and busy["threads"] >= 1
+        assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"} and len(busy["reduce"]) == 12
     assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"])
     assert set(constants["conv"]["float32"]) == {"forward", "forward_backward"}
 

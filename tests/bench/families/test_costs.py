@@ -3,11 +3,12 @@ import pytest
 
 from bench.families import costs
 from bench.registry import get_case
-from tests.bench.report_rows import calibration
+from tests.bench.report_rows import BIG, calibration
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
 #: Every message costs ALPHA + OVERHEAD from Python, ALPHA inside MPI; nothing else costs anything.
-LATENCY_ONLY = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30), kernel_rows=1e30)
+LATENCY_ONLY = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30), kernel_rows=1e30,
+                    dp_step={"float64": [[32, [OVERHEAD] * 2], [256, [OVERHEAD] * 2]]})  # no fixed cost per step
 MESSAGE = ALPHA + OVERHEAD
 SVM_POINT = dict(n_iter=10, n_features=784)
 
@@ -26,12 +27,12 @@ def test_interpolate_is_flat_below_linear_between_and_extrapolated_above():
 def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, steps):
     calib = calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30)
     calib["reduce"] = [[1, 1e-3], [1 << 24, 1e-3]]  # every reduction 1 ms
-    python = algorithm != "mpi"
-    expected = messages * (ALPHA + (OVERHEAD if python else 0)) + (0 if python else OVERHEAD)
     reductions = steps + (1 if ranks == 3 and algorithm != "ring" else 0)
-    if algorithm == "mpi":  # MPI reduces inside the library: the table of NumPy additions still stands for it
-        reductions = 2
-    assert costs.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected + reductions * 1e-3)
+    if algorithm == "mpi":  # the library's two-rank time (its reductions inside), scaled by its steps
+        expected = OVERHEAD + ALPHA * messages
+    else:  # the call's Python path, then a Python message and a NumPy reduction per step
+        expected = OVERHEAD + messages * (ALPHA + OVERHEAD) + reductions * 1e-3
+    assert costs.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
 
 
 def test_gemm_rate_follows_threads_and_table():
@@ -39,6 +40,25 @@ def test_gemm_rate_follows_threads_and_table():
     assert costs.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # 2 threads on 1 rank
     assert costs.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 1e10)  # 1 thread each on 2 ranks
     assert costs.gemm(calib, 0, 100, 100, 2) == 0.0
+
+
+def test_ranks_sharing_the_node_pay_what_sharing_cost_in_the_calibration():
+    calib = calibration(rate=1e10, cores=2)
+    calib["busy"] = dict(ranks=2, threads=1, gemm={"float64": [5e9] * 6}, reduce=[[1, 1.0], [BIG, 1.0]],
+                         copy=calib["copy"])
+    assert costs.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # alone: 2 threads
+    assert costs.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 5e9)   # 1 thread, at half its alone rate
+    assert costs.reduction(calib, 8) < 1e-6 and costs.reduction(dict(calib, point_ranks=2), 8) == 1.0
+
+
+def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
+    calib = calibration(cores=1)
+    calib["dp_step"] = {"float64": [[10, [0.5 + 3 * 10] * 2], [100, [0.5 + 3 * 100] * 2]]}
+    assert costs.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
+    calib["dp_step"]["float64"].append([1000, [0.5 + 3 * 100 + 2 * 900] * 2])  # steeper beyond 100 rows
+    assert costs.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
+    assert costs.fitted_step(calib, "dp_step", float, 1, 500) == pytest.approx((0.5 + 100, 2.0))
+    assert costs.fitted_step(calib, "dp_step", float, 1, 5000) == pytest.approx((0.5 + 100, 2.0))
 
 
 # suite, variant, sizes (increasing), settings that make the variant modelled
@@ -70,8 +90,8 @@ def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant,
 
 @pytest.mark.parametrize("suite, variant, ranks, messages", [
     ("p2p", "latency", 2, 2 * (ALPHA + OVERHEAD)),
-    ("p2p", "bandwidth", 2, 2 * (ALPHA + OVERHEAD) + 64 * OVERHEAD),
-    ("allreduce", "ring", 4, OVERHEAD + 6 * (ALPHA + OVERHEAD)),
+    ("p2p", "bandwidth", 2, 64 * (ALPHA + OVERHEAD)),             # a window of 64 at the calibrated gap
+    ("allreduce", "ring", 4, 2 * OVERHEAD + 6 * (ALPHA + OVERHEAD)),  # the run's call, the algorithm's, 6 steps
     ("tp", "allreduce", 2, 2 * (OVERHEAD + ALPHA)),             # one MPI allreduce per pass
     ("tp", "sequence", 2, 2 * 3 * (OVERHEAD + ALPHA)),          # allgather, reduce-scatter and the counts' allgather
     ("conv", "forward", 2, 2 * (ALPHA + OVERHEAD)),             # a halo each way along the split axis
@@ -106,3 +126,19 @@ def test_the_point_dtype_selects_the_rates():
 def test_unmodelled_dp_settings_predict_none(setting, value, monkeypatch):
     monkeypatch.setenv(setting, value)
     assert get_case("dp").predict("mpi", 64, 2, calibration()) is None
+
+
+def test_interleaved_measurements_visit_every_item_in_turn():
+    from bench.report.local_rates import measure_interleaved
+
+    calls = []
+    seconds = measure_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                  rounds=3, least=0)
+    assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3  # a first call and a timed one each, then the rounds
+    assert set(seconds) == {"a", "b"} and all(value >= 0 for value in seconds.values())
+
+
+def test_gemm_beyond_the_calibrated_sizes_runs_at_the_largest_ones_rate():
+    calib = calibration(cores=1)
+    calib["gemm"]["float64"] = [[1e10, 1e10, 1e10, 1e10, 2e10, 1e10]] * 2  # falls from 512 to 1024
+    assert costs.gemm(calib, 8192, 8192, 8192, 1) == pytest.approx(2 * 8192**3 / 1e10)

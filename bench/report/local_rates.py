@@ -1,0 +1,141 @@
+"""Local rates of the cost models (`bench.report.calibrate`): compute and memory on one rank.
+
+Every quantity is a median over `ROUNDS` rounds that visit all of them in turn
+(so a burst of load on a shared machine spreads over many sizes instead of
+spoiling one), each sample looping until it lasts `LEAST_S` seconds. Measured
+with a given number of BLAS threads, on one rank alone or on every rank of a node
+at once (``comm``: the ranks agree on the loop counts and start each sample
+together, so they share the cores and the memory bandwidth as the ranks of a
+sweep do).
+
+- ``gemm``: flop/s of square products by size (`GEMM_SIZES`) and dtype;
+- ``conv``, ``attention``: flop/s of the suites' own kernels at a reference size
+  (`SUITE_POINTS`), by dtype and variant;
+- ``dp_step``: seconds of a ``dp`` training step (the MLP, one rank) at the batch
+  sizes of `DP_ROWS`, by dtype;
+- ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
+  8 B .. 32 MiB (`LOCAL_SIZES`);
+- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64.
+"""
+from contextlib import ExitStack
+
+import numpy as np
+from mpi4py import MPI
+from threadpoolctl import threadpool_limits
+
+LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
+GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
+DTYPES = ("float32", "float64")
+#: (suite, variant, size): reference points of the suites whose kernel rate is calibrated.
+SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
+#: Batch sizes of the calibrated ``dp`` steps (variant ``mpi`` on one rank).
+DP_ROWS = (16, 64, 256)
+KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 64
+ROUNDS, LEAST_S = 3, 0.01
+
+
+def local_rates(threads, comm=None):
+    """The rates of the module with ``threads`` BLAS threads; ``comm``: measure on all its ranks at once."""
+    suites = {"conv": {}, "attention": {}}
+    with threadpool_limits(limits=threads), ExitStack() as stack:
+        items = _items(stack)
+        seconds = measure_interleaved(items, comm)
+        for (suite, variant, dtype), (case, state) in items.points.items():
+            rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
+            suites[suite].setdefault(dtype, {})[variant] = rate
+    gemm = {dtype: [2 * n**3 / seconds["gemm", dtype, n] for n in GEMM_SIZES] for dtype in DTYPES}
+    return dict(gemm=gemm, **suites,
+                dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in DP_ROWS] for dtype in DTYPES},
+                reduce=[[n, seconds["reduce", n]] for n in LOCAL_SIZES],
+                copy=[[n, seconds["copy", n]] for n in LOCAL_SIZES],
+                kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / seconds["kernel"])
+
+
+def measure_interleaved(items, comm=None, rounds=ROUNDS, least=LEAST_S):
+    """Median seconds per call of each callable of the dict ``items``, over ``rounds`` rounds that call
+    each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks)."""
+    loops = {}
+    for key, function in items.items():
+        function()  # the first call may build caches: not timed
+        start = MPI.Wtime()
+        function()
+        loops[key] = max(1, int(least / max(MPI.Wtime() - start, 1e-7)))
+    if comm is not None:
+        counts = np.array(list(loops.values()), np.int64)
+        comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
+        loops = dict(zip(loops, counts.tolist()))
+    samples = {key: [] for key in items}
+    for _ in range(rounds):
+        for key, function in items.items():
+            if comm is not None:
+                comm.Barrier()
+            start = MPI.Wtime()
+            for _ in range(loops[key]):
+                function()
+            samples[key].append((MPI.Wtime() - start) / loops[key])
+    return {key: float(np.median(values)) for key, values in samples.items()}
+
+
+class _Items(dict):
+    """The timed callables by key, and the ``(case, state)`` of the suites' points by (suite, variant, dtype)."""
+    points = None
+
+
+def _items(stack):
+    items = _Items()
+    items.points = {}
+    rng = np.random.default_rng(0)
+    for dtype in DTYPES:
+        for n in GEMM_SIZES:
+            a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
+            items["gemm", dtype, n] = _product(a, b)  # two operands: a @ a reads half the memory
+        for suite, variant, size in SUITE_POINTS:
+            case, state = _suite_state(stack, suite, variant, size, dtype)
+            items["suite", suite, variant, dtype] = _runner(case, state)
+            items.points[suite, variant, dtype] = case, state
+        for rows in DP_ROWS:
+            items["dp", dtype, rows] = _runner(*_suite_state(stack, "dp", "mpi", rows, dtype))
+    for nbytes in LOCAL_SIZES:
+        vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
+        items["reduce", nbytes] = _adder(vector, other)
+        items["copy", nbytes] = _copier(other, vector)
+    items["kernel"] = _kernel_block()
+    return items
+
+
+def _product(a, b):
+    return lambda: a @ b
+
+
+def _adder(vector, other):
+    return lambda: np.add(vector, other, out=vector)
+
+
+def _copier(target, source):
+    return lambda: np.copyto(target, source)
+
+
+def _runner(case, state):
+    return lambda: case.run(state)
+
+
+def _suite_state(stack, suite, variant, size, dtype):
+    """``(case, state)`` of ``suite``'s point on one rank (its settings as the environment gives them),
+    torn down when ``stack`` closes."""
+    from bench.registry import get_case
+    from kernels.backend import get_backend
+
+    case, comm = get_case(suite), MPI.COMM_SELF
+    state = case.setup(comm, size, variant, get_backend("numpy", comm), dtype)
+    stack.callback(case.teardown, state)
+    return case, state
+
+
+def _kernel_block():
+    from svm.solver.gram import make_kernel, squared_norms
+
+    X = np.random.default_rng(0).random((KERNEL_COLUMNS, KERNEL_DIM))
+    kernel = make_kernel("rbf", X)
+    norms = squared_norms(X)
+    rows = X[:KERNEL_ROWS]
+    return lambda: kernel.block(rows, X, norms)
