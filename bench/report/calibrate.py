@@ -52,8 +52,8 @@ SLOPE_FROM = 1 << 20
 def calibrate(comm):
     """Measure the model constants (see the module); return them as a dict on every rank.
 
-    Communication: one ``Split_type``; ping-pongs, exchanges and windows per size between
-    rank 0 and its partner; barriers between the samples of the ranks of rank 0's node;
+    Communication: one ``Split_type``; ping-pongs, exchanges, windows and ``Allreduce`` calls per
+    size between rank 0 and its partner (their buffers, 2 x 32 MiB per table, all held at once); barriers between the samples of the ranks of rank 0's node;
     the other ranks wait in a sleeping barrier.
     """
     if comm.size < 2:
