@@ -14,7 +14,8 @@ import signal
 import sys
 import textwrap
 
-from bench.faults import EXIT_OK, EXIT_USAGE, EXIT_WRONG, abort_job, error_line, stop_on_signals, world_rank
+from bench.faults import (EXIT_OK, EXIT_USAGE, EXIT_WRONG, RankError, abort_job, error_line, stop_on_signals,
+                          world_rank)
 from bench.options import add_measure_options, make_config
 from bench.registry import SUITES, case_class
 from bench.settings import canonical
@@ -121,7 +122,6 @@ def _first_line(case):
 
 def command_run(args, out, err):
     from bench.progress import EXIT_TIME_LIMIT, Console
-    from bench.faults import RankError
     from bench.sweep import run_sweep
     from bench.table import format_header, format_row
 
@@ -217,7 +217,12 @@ def command_calibrate(args, argv, out):
     from bench.report.calibrate import calibrate
 
     comm = _mpi_world()
-    constants = calibrate(comm)
+    try:
+        constants = calibrate(comm)
+    except RankError as error:  # raised on every rank together
+        if comm.rank == 0:
+            _line_writer(sys.stderr)(f"mlscale: error: {error}")
+        return EXIT_WRONG
     if comm.rank == 0:
         try:
             with open(args.out, "w") as handle:

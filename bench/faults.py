@@ -193,8 +193,7 @@ def agree(comm, function, *args):
     try:
         result = function(*args)
     except Exception as error:  # noqa: BLE001 - reported on every rank below
-        caught = error
-        failure = ("input", str(error)) if isinstance(error, InputError) else ("rank", describe(error, comm.rank))
+        caught, failure = error, failure_of(error, comm.rank)
     flag, failed = np.array([failure is not None], dtype=np.intc), np.zeros(1, dtype=np.intc)
     request = comm.Iallreduce(flag, failed)  # op: SUM
     if failure is None:
@@ -208,6 +207,14 @@ def agree(comm, function, *args):
     if failed[0]:
         raise agreed_error(next(f for f in comm.allgather(failure) if f))
     return result
+
+
+def failure_of(error, rank):
+    """``(kind, message)`` of ``error`` raised on ``rank``, as `agreed_error` takes it (an agreed error
+    keeps its kind and message)."""
+    if isinstance(error, InputError):
+        return "input", str(error)
+    return "rank", str(error) if isinstance(error, RankError) else describe(error, rank)
 
 
 def agreed_error(failure):

@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 import numpy as np
 from mpi4py import MPI
 
+from bench.faults import AGREED, agree, agreed_error, failure_of
 from bench.provenance import mpi_library
 from bench.report.local_rates import DP_ROWS, GEMM_SIZES, ROUNDS, local_rates, measure_interleaved
 from kernels.errors import InputError
@@ -51,6 +52,9 @@ SLOPE_FROM = 1 << 20
 
 def calibrate(comm):
     """Measure the model constants (see the module); return them as a dict on every rank.
+
+    A failure on some rank (a suite's settings in the environment, say) is raised on
+    every rank: an `AgreedInputError` or a `RankError` (`bench.faults`).
 
     Communication: one ``Split_type``; ping-pongs, exchanges, windows and ``Allreduce`` calls per
     size between rank 0 and its partner (their buffers, 2 x 32 MiB per table, all held at once); barriers between the samples of the ranks of rank 0's node;
@@ -69,16 +73,25 @@ def calibrate(comm):
         result = _measure_pair(pair)
         pair.Free()
     cores = os.cpu_count() or 1
-    busy = None
+    busy, failure = None, None
     if home == homes[0] and node.size > 1:  # rank 0's node: every rank at once
         threads = max(1, cores // node.size)
-        busy = dict(ranks=node.size, threads=threads, **local_rates(threads, node))
+        try:
+            busy = dict(ranks=node.size, threads=threads, **agree(node, local_rates, threads, node))
+        except AGREED as error:
+            failure = failure_of(error, comm.rank)
     node.Free()
-    if comm.rank == 0:
-        result.update(_alone_rates(cores), scope="inter-node" if away else "intra-node")
+    if comm.rank == 0 and failure is None:
+        try:  # the other ranks sleep: a failure here reaches them through the broadcast below
+            result.update(_alone_rates(cores), scope="inter-node" if away else "intra-node")
+        except Exception as error:  # noqa: BLE001 - raised on every rank below
+            failure = failure_of(error, comm.rank)
         if busy is not None:
             result["busy"] = busy
-    return _sleeping_bcast(comm, result)
+    result, failure = _sleeping_bcast(comm, (result, failure))
+    if failure is not None:
+        raise agreed_error(failure)
+    return result
 
 
 def _sleeping_bcast(comm, value):

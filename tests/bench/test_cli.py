@@ -152,6 +152,15 @@ def test_calibrate_across_two_nodes_measures_between_them(tmp_path):
         assert json.load(handle)["scope"] == "inter-node"
 
 
+@pytest.mark.parametrize("nodes", ["1", "2"])  # two (MPICH cliques): rank 0 measures alone, its partner sleeps
+def test_calibrate_with_a_bad_suite_setting_ends_every_rank_with_one_line(tmp_path, nodes):
+    calib = tmp_path / "calib.json"
+    status, _, err = mlscale("calibrate", "--out", str(calib), MPIR_CVAR_NUM_CLIQUES=nodes,
+                             MLSCALE_DP_DATASET=str(tmp_path / "nowhere"))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("mlscale: error: MLSCALE_DP_DATASET=") and not calib.exists()
+
+
 def test_a_setup_error_at_a_smaller_rank_count_ends_every_rank(tmp_path):
     status, _, err = mlscale("sweep", "tests.fake_cases:SetupFailsOnLastRank", "--np", "3", "--ranks", "2,3",
                              "--csv", str(tmp_path / "x.csv"))

@@ -85,6 +85,20 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert set(constants["conv"]["float32"]) == {"forward", "forward_backward"}
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_failure_of_rank_zero_measuring_alone_is_raised_on_every_rank(comm, monkeypatch):
+    from bench.report import calibrate as module
+
+    def fails_alone(cores):
+        raise ZeroDivisionError("on purpose")
+
+    monkeypatch.setattr(module, "_measure_pair", lambda pair: {} if pair.rank == 0 else None)
+    monkeypatch.setattr(module, "local_rates", lambda threads, comm=None: {})
+    monkeypatch.setattr(module, "_alone_rates", fails_alone)
+    with pytest.raises(RankError, match="^rank 0: ZeroDivisionError: on purpose$"):
+        calibrate(comm)
+
+
 @pytest.mark.mpi(min_size=1)
 def test_placement_counts_shared_memory_nodes(comm, monkeypatch):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
