@@ -21,6 +21,8 @@ and the copies into buffers.
 """
 from collections import deque
 
+from mpi4py import MPI
+
 from kernels.backend import array_module
 from kernels.device_comm import poll_all, wait_all
 from kernels.distmatrix import DistMatrix, timed
@@ -51,7 +53,7 @@ def summa_panels(k, width, row_parts, col_parts):
     return panels
 
 
-def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
+def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2, node_blocks=(None, None)):
     """``C = A B`` by SUMMA with look-ahead on a ``pr x pc`` grid.
 
     The panels are those of `summa_panels` (at most ``panel`` wide, within one
@@ -62,7 +64,11 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     that panel ``t - 1`` has just freed, then waits for panel ``t`` (posted
     ``lookahead`` steps earlier) and multiplies it with one in-place GEMM. The owner
     of B's panel broadcasts it straight from its block; A's panel is copied into a
-    row-major buffer first (rows of A, contiguous).
+    row-major buffer first (rows of A, contiguous). An operand whose blocks are in
+    node-shared memory (``node_blocks``, from `kernels.node_shared.share_on_node`)
+    sends nothing and waits for nothing: each panel is a view of its owner's block,
+    read in place (the ranks' writes to those blocks are fenced by
+    `kernels.node_shared.NodeBlocks.writing`, not here).
 
     Parameters
     ----------
@@ -76,6 +82,10 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
         Panels in flight ``d >= 1`` (``d + 1`` buffers per operand). With ``d = 1``
         MPI is called only between GEMMs, so a broadcast progresses only while
         the ranks post and wait; ``d = 2`` gives it one call mid-way.
+    node_blocks : pair of NodeBlocks or None
+        ``(A's blocks over the grid row, B's over the grid column)`` when they were
+        moved into node-shared memory by `kernels.node_shared.share_on_node`
+        (None: broadcast that operand's panels).
 
     Returns
     -------
@@ -88,7 +98,9 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     ``(ceil(k / b) + pr + pc) (log2(pc) + log2(pr)) alpha + (m k / pr log2(pc) + k n / pc log2(pr)) beta``
     (binomial tree), the same words as `gemm_summa`; exposed only where a panel's
     broadcast outlasts the ``d`` GEMMs before it is needed. Extra memory
-    ``(d + 1) b (m / pr + n / pc)`` words.
+    ``(d + 1) b (m / pr + n / pc)`` words. An operand in node-shared memory
+    costs no message, no word and no buffer: the GEMMs read its panels from
+    the owner's memory (``m k / pr`` words of A, ``k n / pc`` of B in all).
     """
     m, n = check_product(A, B, "gemm_summa_lookahead")
     if A.grid is None or len(A.grid.dims) != 2:
@@ -103,22 +115,32 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
     xp = array_module(A.local)
     product = xp.zeros((rows, cols), dtype=accumulator(A.dtype))
     width = max(1, min(panel, k))
-    a_buffers = [xp.empty(rows * width, A.dtype) for _ in range(lookahead + 1)]
-    b_buffers = [xp.empty((width, cols), A.dtype) for _ in range(lookahead + 1)]
+    a_shared, b_shared = _check_shared(node_blocks, A, B, grid)
+    a_offsets, b_offsets = block_offsets(k, grid.dims[1]), block_offsets(k, grid.dims[0])
+    a_buffers = [xp.empty(rows * width, A.dtype) for _ in range(0 if a_shared else lookahead + 1)]
+    b_buffers = [xp.empty((width, cols), A.dtype) for _ in range(0 if b_shared else lookahead + 1)]
     panels = summa_panels(k, width, grid.dims[0], grid.dims[1])
 
     def post(index):
         """Post panel ``index`` into buffer ``index mod (d + 1)``: ``(a_panel, b_panel, requests)``."""
         lo, hi, a_owner, b_owner = panels[index]
         slot = index % (lookahead + 1)
-        a = a_buffers[slot][:rows * (hi - lo)].reshape(rows, hi - lo)
-        if a_owner == j:
-            with timed(timings, "compute", xp):
-                a[...] = A.local[:, lo - a_offset:hi - a_offset]
-        b = B.local[lo - b_offset:hi - b_offset] if b_owner == i else b_buffers[slot][:hi - lo]
-        with timed(timings, "comm", xp):
-            requests = [axis.Ibcast(buffer, root=root) for axis, buffer, root in
-                        ((grid.row_comm, a, a_owner), (grid.col_comm, b, b_owner)) if axis.size > 1]
+        if a_shared:
+            a = a_shared.blocks[a_owner][:, lo - a_offsets[a_owner]:hi - a_offsets[a_owner]]
+        else:
+            a = a_buffers[slot][:rows * (hi - lo)].reshape(rows, hi - lo)
+            if a_owner == j:
+                with timed(timings, "compute", xp):
+                    a[...] = A.local[:, lo - a_offset:hi - a_offset]
+        if b_shared:
+            b = b_shared.blocks[b_owner][lo - b_offsets[b_owner]:hi - b_offsets[b_owner]]
+        else:
+            b = B.local[lo - b_offset:hi - b_offset] if b_owner == i else b_buffers[slot][:hi - lo]
+        sent = [(axis, buffer, root) for axis, buffer, root, shared in
+                ((grid.row_comm, a, a_owner, a_shared), (grid.col_comm, b, b_owner, b_shared))
+                if axis.size > 1 and not shared]
+        with timed(timings if sent else None, "comm", xp):
+            requests = [axis.Ibcast(buffer, root=root) for axis, buffer, root in sent]
         return a, b, requests
 
     in_flight = deque(post(index) for index in range(min(lookahead, len(panels))))
@@ -126,11 +148,22 @@ def gemm_summa_lookahead(A, B, panel=256, timings=None, lookahead=2):
         if index + lookahead < len(panels):
             in_flight.append(post(index + lookahead))
         a, b, requests = in_flight.popleft()
-        with timed(timings, "comm", xp):
+        with timed(timings if requests else None, "comm", xp):
             wait_all(requests)
         with timed(timings, "compute", xp):
             accumulate_product(product, a, b)
     return DistMatrix(A.comm, product.astype(A.dtype, copy=False), (m, n), grid)
+
+
+def _check_shared(node_blocks, A, B, grid):
+    """``node_blocks`` as ``(a_shared, b_shared)``, each the operand's own `NodeBlocks` over its axis or None."""
+    shared = tuple(node_blocks)
+    for name, matrix, axis, blocks in zip("AB", (A, B), (grid.row_comm, grid.col_comm), shared):
+        if blocks is not None and (MPI.Comm.Compare(blocks.comm, axis) not in (MPI.IDENT, MPI.CONGRUENT)
+                                   or not blocks.blocks or blocks.blocks[axis.rank] is not matrix.local):
+            raise InputError(f"gemm_summa_lookahead: the node-shared blocks given for {name} are not {name}'s "
+                             f"blocks over its grid {'row' if name == 'A' else 'column'}")
+    return shared
 
 
 def gemm_cannon_overlap(A, B, timings=None, pieces=4):

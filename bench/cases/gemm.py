@@ -6,7 +6,11 @@ GPU: cuBLAS, the device's library reference; device-only; param ``tf32`` says
 whether CuPy uses TF32 for float32), ``1d_ring`` and ``1d_allgather`` (`gemm_1d`,
 row blocks), ``summa`` (`gemm_summa` on a pr x pc grid, setting ``GRID``, panel
 ``GEMM_PANEL``), ``summa_lookahead`` (`gemm_summa_lookahead`: the same with the
-broadcast of panel t + 1 overlapping the GEMM of panel t), ``cannon``
+broadcast of panel t + 1 overlapping the GEMM of panel t), ``summa_shared`` (the
+look-ahead with A and B in node-shared memory, `kernels.node_shared`: a grid axis
+whose ranks share a node reads its panels in place, no message; an axis spanning
+nodes broadcasts as summa_lookahead; host-only; param ``node_shared`` names the
+operands read in place), ``cannon``
 (`gemm_cannon`; p a perfect square), ``cannon_overlap`` (`gemm_cannon_overlap`:
 each shift overlapping a GEMM) and ``25d`` (`gemm_25d` on a q x q x c grid, c =
 ``GEMM_REPLICAS``; c | p and p / c a perfect square). See `bench.families.blas`
@@ -32,6 +36,7 @@ from bench.report.model import log2_ceil
 from kernels.distmatrix import DistMatrix
 from kernels.gemm import gemm_1d, gemm_25d, gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead
 from kernels.gemm_lookahead import summa_panels
+from kernels.node_shared import share_on_node
 
 FULL_CHECK_N = 512
 SAMPLE_ROWS = 8
@@ -44,17 +49,19 @@ def _ceil_div(a, b):
 class Gemm(BlasCase):
     name = "gemm"
     benchmark = "gemm"
-    variants = ("numpy", "cupy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "cannon", "cannon_overlap",
-                "25d")
-    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference; cupy on a GPU)"}
+    variants = ("numpy", "cupy", "1d_ring", "1d_allgather", "summa", "summa_lookahead", "summa_shared", "cannon",
+                "cannon_overlap", "25d")
+    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference; cupy on a GPU)",
+                          "summa_shared": "its blocks sit in node-shared host memory (summa_lookahead on a GPU)"}
     device_only_variants = {"cupy": "cuBLAS on one GPU (the device library reference; numpy on the CPU)"}
     size_help = "n of C = A B, all n x n (weak scaling: n p^(1/3))"
     default_sizes = "256:2K"
     metrics_help = "gflops (2n^3 flops), algbw = bytes sent per rank / s, metric comm_share"
     description = ("Distributed matrix product C = A B of seeded n x n matrices against one NumPy process using "
                    "every core (on a GPU: cupy, cuBLAS on one device). The kernels are 1D row blocks (B passed "
-                   "round a ring, or allgathered), SUMMA on a 2D grid (plain, or with look-ahead: the next panels "
-                   "broadcast during the current GEMM), Cannon on a square grid (plain, or with each shift "
+                   "round a ring, or allgathered), SUMMA on a 2D grid (plain; with look-ahead: the next panels "
+                   "broadcast during the current GEMM; or with the blocks in node-shared memory, panels read "
+                   "in place), Cannon on a square grid (plain, or with each shift "
                    "overlapping a GEMM) and the 2.5D algorithm with c replicas; each rank pins its share of the BLAS "
                    "threads and splits its time into exposed communication and computation.")
     declared_settings = (GRID, PANEL, REPLICAS)
@@ -75,8 +82,19 @@ class Gemm(BlasCase):
                    "summa_lookahead": partial(gemm_summa_lookahead, A, B, self.panel),
                    "cannon": partial(gemm_cannon, A, B), "cannon_overlap": partial(gemm_cannon_overlap, A, B),
                    "25d": partial(gemm_25d, A, B)}
+        if state.variant == "summa_shared":
+            node_blocks = (share_on_node(A, layout.row_comm), share_on_node(B, layout.col_comm))
+            state.data["node_blocks"] = node_blocks
+            kernels["summa_shared"] = partial(gemm_summa_lookahead, A, B, self.panel, node_blocks=node_blocks)
         state.data.update(layout=layout, A=A, B=B)
         state.kernel = kernels[state.variant]
+
+    def teardown(self, state):
+        """Free the node-shared windows (summa_shared), then the grid."""
+        for blocks in state.data.get("node_blocks", ()):
+            if blocks is not None:
+                blocks.free()
+        super().teardown(state)
 
     def check(self, state):
         n, C = state.size, state.result
@@ -105,8 +123,9 @@ class Gemm(BlasCase):
         ``(ceil(n/b) + pc) log2 pc + (ceil(n/b) + pr) log2 pr`` messages,
         ``n^2 / pr log2 pc + n^2 / pc log2 pr`` words; summa_lookahead the same words
         in ``P (log2 pc + log2 pr)`` messages, P = its number of panels
-        (`kernels.gemm_lookahead.summa_panels`). cannon, cannon_overlap (c = 1) and 25d: s =
-        ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
+        (`kernels.gemm_lookahead.summa_panels`); summa_shared on one node none (its
+        operands are read in place; `setup` records the words of an axis spanning
+        nodes). cannon, cannon_overlap (c = 1) and 25d: s = ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
         depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
         ``2 s ceil(n/q)^3`` flops. Local products: numpy one n x n x n; 1d_allgather one of
         ceil(n/p) rows by all of B, 1d_ring p of ceil(n/p) rows by a block of ceil(n/p) rows of
@@ -121,9 +140,11 @@ class Gemm(BlasCase):
         if variant.startswith("summa"):
             rows, cols = self.grid_dims(variant, p)
             width = min(self.panel, n)
-            words = n * n / rows * log2_ceil(cols) + n * n / cols * log2_ceil(rows)
+            words = self._summa_words(n, rows, cols)
             panels = summa_panels(n, width, rows, cols)
             products = (len(panels), _ceil_div(n, rows), _ceil_div(n, cols), n / len(panels))
+            if variant == "summa_shared":
+                return Cost(0, 0, 2 * n ** 3 / p, 0, products)
             if variant == "summa_lookahead":
                 return Cost(len(panels) * (log2_ceil(cols) + log2_ceil(rows)), words, 2 * n ** 3 / p, 0, products)
             count = _ceil_div(n, width)
@@ -135,11 +156,28 @@ class Gemm(BlasCase):
         return Cost(shifts + 2 * log2_ceil(replicas), (shifts + 2 * (replicas - 1) / replicas) * side ** 2,
                     2 * steps * side ** 3, 0, (steps, side, side, side))
 
+    @staticmethod
+    def _summa_words(n, rows, cols, shared=(False, False)):
+        """Words a rank receives in SUMMA's panel broadcasts on a rows x cols grid: A's along grid rows,
+        B's along grid columns, none for an operand whose ``shared`` flag says it is read in place."""
+        return (0 if shared[0] else n * n / rows * log2_ceil(cols)) + (0 if shared[1] else n * n / cols *
+                                                                        log2_ceil(rows))
+
+    def setup(self, comm, size, variant, backend, dtype):
+        state = super().setup(comm, size, variant, backend, dtype)
+        if variant == "summa_shared":
+            shared = [blocks is not None for blocks in state.data["node_blocks"]]
+            words = self._summa_words(size, *state.data["layout"].dims, shared)
+            state.params.update(node_shared=",".join(name for name, flag in zip("AB", shared) if flag) or "none",
+                                comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize))
+        return state
+
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Blocks of A, B and C with each variant's buffers (see kernels.gemm), in entries:
         numpy and cupy ``3 n^2``; 1d ``3 L`` (``L = n ceil(n / p)``) plus a travelling block and a
         product (ring) or all of B (allgather); summa ``3 L`` and two panels (four with
-        look-ahead); cannon and 25d ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies,
+        look-ahead; summa_shared no panel, but one more block while a block is copied into
+        its window); cannon and 25d ``7 s^2`` (``s = ceil(n / q)``: A, B, C, padded copies,
         product; 25d one more for the depth allreduce, cannon_overlap two more for the next
         blocks); `CHUNK_ROWS` rows drawn at a time. The check regenerates the checked
         rows of A (all rows up to `FULL_CHECK_N`) and `CHUNK_ROWS`-row slices of B in float64."""
@@ -151,7 +189,8 @@ class Gemm(BlasCase):
         elif variant.startswith("1d"):
             entries = 3 * local + (2 * local if variant == "1d_ring" else n * n)
         elif variant.startswith("summa"):
-            entries = 3 * local + (4 if variant == "summa_lookahead" else 2) * min(self.panel, n) * n
+            entries = 3 * local + ({"summa_lookahead": 4 * min(self.panel, n) * n, "summa_shared": local}
+                                   .get(variant, 2 * min(self.panel, n) * n))
         else:
             q = self.grid_dims(variant, ranks)[0]
             rows = _ceil_div(n, q)

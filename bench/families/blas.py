@@ -15,7 +15,7 @@ count, i.e. a kernel on one rank against the library.
 Weak scaling keeps the work per rank fixed: n is multiplied by p^(1/e) for work
 growing as n^e (rounded to an integer).
 
-Settings (declared below: `GRID` for gemv 2d and gemm summa / summa_lookahead,
+Settings (declared below: `GRID` for gemv 2d and gemm summa, summa_lookahead, summa_shared,
 `PANEL` and `REPLICAS` for gemm; recorded in ``params``): a grid without ``ranks``
 ranks is an InputError (skipped with a note in sweeps that do not name the variant).
 
@@ -47,7 +47,7 @@ communication seconds / (communication + computation) seconds, summed over ranks
 and runs, from the kernels' ``timings`` (waiting for a late rank counts as
 communication; for the overlapping GEMMs only the exposed part: posting and waiting on
 requests). params: exposed_comm_s and busy_s (those seconds per run, mean over ranks),
-layout (grid shape), panel (summa, summa_lookahead), replicas (25d),
+layout (grid shape), panel (the summa variants), replicas (25d), node_shared (summa_shared),
 comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup),
 tf32 (gemv, gemm: whether CuPy computes float32 products in TF32; false on numpy).
 """
@@ -74,7 +74,7 @@ MATRIX_IDS = {"A": 1, "B": 2, "x": 3, "y": 4}
 VECTOR_ROW = 1 << 16      # a seeded vector is the rows of a matrix this wide, read in order
 CHUNK_ROWS = 256          # rows generated at a time (bounds the temporaries)
 WORD = 8                  # the cost models count float64 words
-GRID_VARIANTS = ("2d", "summa", "summa_lookahead")
+GRID_VARIANTS = ("2d", "summa", "summa_lookahead", "summa_shared")
 CANNON_VARIANTS = ("cannon", "cannon_overlap")
 TF32_EPS = 2.0 ** -10     # TF32 keeps 10 of float32's 23 mantissa bits
 

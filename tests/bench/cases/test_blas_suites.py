@@ -25,7 +25,7 @@ CASES = {"blas1": Blas1, "gemv": Gemv, "gemm": Gemm}
                        "axpy": "12"}),
     ("gemv", "13", {"numpy": "1", "rows": "12", "cols": "12", "2d": "12"}),
     ("gemm", "13", {"numpy": "1", "1d_ring": "12", "1d_allgather": "12", "summa": "12", "summa_lookahead": "12",
-                    "cannon": "1", "cannon_overlap": "1", "25d": "2"}),
+                    "summa_shared": "12", "cannon": "1", "cannon_overlap": "1", "25d": "2"}),
 ])
 def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, expected):
     path = str(tmp_path / "out.csv")
@@ -58,13 +58,29 @@ def test_gemm_on_three_ranks_runs_the_non_square_variants(tmp_path):
                                "--warmup", "0", "--dtype", "float32", "--csv", path)
     assert status == 0, err
     rows = rows_of(path)
-    assert sorted(row["variant"] for row in rows) == ["1d_allgather", "1d_ring", "summa", "summa_lookahead"]
+    assert sorted(row["variant"] for row in rows) == ["1d_allgather", "1d_ring", "summa", "summa_lookahead",
+                                                      "summa_shared"]
     assert {row["wrong"] for row in rows} == {"0"}
     for summa in (row for row in rows if row["variant"].startswith("summa")):
         assert json.loads(summa["params"])["layout"] == "3x1" and json.loads(summa["params"])["panel"] == 256
     assert "skipped cannon on 3 ranks: cannon needs a perfect square" in out
     assert "skipped cannon_overlap on 3 ranks: cannon_overlap needs a perfect square" in out
     assert "skipped 25d on 3 ranks" in out
+
+
+@pytest.mark.parametrize("nodes, shared, sent", [("1", "B", 0), ("2", "none", 13 * 13 * 8)])
+def test_summa_shared_reads_in_place_on_one_node_and_broadcasts_across_nodes(tmp_path, nodes, shared, sent):
+    # MPIR_CVAR_NUM_CLIQUES=2 makes MPICH place the two ranks on two nodes (no shared memory between them).
+    path = str(tmp_path / "gemm.csv")
+    status, _, err = mlscale("sweep", SUITES["gemm"], "--np", "2", "--ranks", "2", "--sizes", "13", "--variants",
+                             "summa_shared", "--iters", "1", "--warmup", "0", "--csv", path,
+                             MPIR_CVAR_NUM_CLIQUES=nodes)
+    assert status == 0, err
+    [row] = rows_of(path)
+    params = json.loads(row["params"])
+    assert row["wrong"] == "0" and params["layout"] == "2x1"
+    assert params["node_shared"] == shared and params["comm_bytes_per_rank"] == sent
+    assert (params["exposed_comm_s"] == 0) == (nodes == "1")
 
 
 def test_gemv_on_three_ranks_with_a_chosen_grid(tmp_path):
@@ -127,7 +143,7 @@ def _ran_once(case, variant, n, corrupt=None):
 def test_checks_count_nan_and_wrong_entries():
     n = 9
     nonzero_b_row = np.count_nonzero(seeded_rows("B", [0], n))
-    for variant in ("numpy", "summa", "summa_lookahead", "cannon_overlap"):
+    for variant in ("numpy", "summa", "summa_lookahead", "summa_shared", "cannon_overlap"):
         assert _ran_once(Gemm(), variant, n) == 0
         assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), np.nan)) == n
         assert _ran_once(Gemm(), variant, n, lambda d: d["A"].local.__setitem__((0, 0), 2.0)) == nonzero_b_row
@@ -149,6 +165,7 @@ def test_cost_models():
     for plain, overlapped in (("summa", "summa_lookahead"), ("cannon", "cannon_overlap")):
         assert gemm.cost(overlapped, 1000, 4).words == gemm.cost(plain, 1000, 4).words
         assert gemm.memory_bytes(1000, 4, overlapped, "float64") > gemm.memory_bytes(1000, 4, plain, "float64")
+    assert gemm.cost("summa_shared", 1000, 4).words == gemm.cost("summa_shared", 1000, 4).messages == 0
     # 2 x 2 grid: k = 1000 cut at the block boundary 500, two panels of 250 per half; 2 one-step Ibcasts each.
     assert gemm.cost("summa_lookahead", 1000, 4).messages == 4 * 2
     latency_only = calibration(alpha=1.0, beta=0, gamma=0, overhead=0.5, copy=0, rate=1e30)
