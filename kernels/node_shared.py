@@ -44,6 +44,22 @@ class NodeBlocks:
     Made by `share_on_node`; ``blocks[r]`` is rank ``r``'s block, readable by
     every rank of ``comm``, and ``blocks[comm.rank]`` is the matrix's ``local``.
     Call `free` on every rank of ``comm`` when done (it is collective).
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        Ranks of one node, each passing its own block (shapes may differ; one
+        dtype); every rank calls this together.
+    block : numpy.ndarray
+        This rank's block, copied into its part of the window.
+
+    Notes
+    -----
+    Creation: an ``allgather`` of the shapes, the window (one segment of
+    ``sum(block sizes)`` bytes on the node, no data moved between ranks) and one
+    `writing` fence; afterwards reading a peer's block costs no message at all.
+    Each `writing` is two ``MPI_Win_sync`` and two barriers (``2 log2 p``
+    messages of no data per rank).
     """
 
     def __init__(self, comm, block):
