@@ -29,6 +29,7 @@ comm_share (exposed communication / busy time; params ``exposed_comm_s`` beside
 from functools import partial
 
 import numpy as np
+from mpi4py import MPI
 
 from bench.families.blas import (CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasCase, Cost, count_wrong,
                                  library_kernel, seeded_matrix, seeded_rows)
@@ -125,7 +126,7 @@ class Gemm(BlasCase):
         in ``P (log2 pc + log2 pr)`` messages, P = its number of panels
         (`kernels.gemm_lookahead.summa_panels`); summa_shared on one node none (its
         operands are read in place; `setup` records the words of an axis spanning
-        nodes). cannon, cannon_overlap (c = 1) and 25d: s = ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
+        nodes, the largest over ranks). cannon, cannon_overlap (c = 1) and 25d: s = ceil(q / c) steps of 2 shifts of ceil(n/q)^2 words (none when q = 1), then the
         depth ``Allreduce``: ``2 log2 c`` messages, ``2 (c - 1) / c ceil(n/q)^2`` words;
         ``2 s ceil(n/q)^3`` flops. Local products: numpy one n x n x n; 1d_allgather one of
         ceil(n/p) rows by all of B, 1d_ring p of ceil(n/p) rows by a block of ceil(n/p) rows of
@@ -165,9 +166,10 @@ class Gemm(BlasCase):
 
     def setup(self, comm, size, variant, backend, dtype):
         state = super().setup(comm, size, variant, backend, dtype)
-        if variant == "summa_shared":
-            shared = [blocks is not None for blocks in state.data["node_blocks"]]
-            words = self._summa_words(size, *state.data["layout"].dims, shared)
+        if variant == "summa_shared":  # the largest words of a rank; an operand named only if shared everywhere
+            mine = [blocks is not None for blocks in state.data["node_blocks"]]
+            words = comm.allreduce(self._summa_words(size, *state.data["layout"].dims, mine), op=MPI.MAX)
+            shared = [comm.allreduce(int(flag), op=MPI.MIN) for flag in mine]
             state.params.update(node_shared=",".join(name for name, flag in zip("AB", shared) if flag) or "none",
                                 comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize))
         return state
