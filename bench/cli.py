@@ -214,7 +214,7 @@ def command_calibrate(args, argv, out):
         return run_under_mpi(2, args.launcher, forwarded)
     import json
 
-    from bench.report.calibrate import calibrate
+    from bench.calibrate import calibrate
 
     comm = _mpi_world()
     try:

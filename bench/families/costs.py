@@ -120,7 +120,7 @@ def gemm(calib, m, n, k, ranks):
 
 
 def suite_rate(calib, suite, variant, ranks):
-    """Flop/s of ``suite``'s calibrated kernel ``variant`` (`bench.report.local_rates.SUITE_POINTS`) on one rank."""
+    """Flop/s of ``suite``'s calibrated kernel ``variant`` (`bench.local_rates.SUITE_POINTS`) on one rank."""
     shared = _shared(calib, ranks)
     return _rate(calib, _at_dtype(calib, calib[suite])[variant], ranks,
                  _at_dtype(calib, shared[suite])[variant] if shared else None)
@@ -128,7 +128,7 @@ def suite_rate(calib, suite, variant, ranks):
 
 def fitted_step(calib, key, modelled, ranks, rows):
     """``(a, b)``: the line ``seconds = a + b modelled(rows)`` through the two calibrated steps ``calib[key]``
-    (by dtype, ``[[rows, [one thread, all cores]], ...]``, `bench.report.local_rates`) around ``rows``
+    (by dtype, ``[[rows, [one thread, all cores]], ...]``, `bench.local_rates`) around ``rows``
     (the first or last two beyond them) at the threads and sharing of one of ``ranks`` ranks. ``a``: the
     fixed seconds of a step (Python calls the model does not count); ``b``: the scale of the modelled
     seconds (1 when they do not grow)."""

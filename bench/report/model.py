@@ -1,6 +1,6 @@
 """Cost-model constants: loading (and combining) the files ``mlscale calibrate`` writes.
 
-`bench.report.calibrate` measures the constants; cases declare their cost in these
+`bench.calibrate` measures the constants; cases declare their cost in these
 terms (`bench.case.Case.predict`, helpers in `bench.families.costs`); ``mlscale
 report --model calib.json`` puts the prediction beside each measurement and
 ``--project 64,256,1024`` extrapolates to rank counts this machine cannot run.
@@ -20,7 +20,7 @@ from kernels.errors import InputError
 #: Positive numbers every calibration holds.
 NUMBERS = ("alpha_s", "beta_s_per_byte", "overhead_s", "call_s", "gamma_s_per_byte", "memcpy_bytes_per_s",
            "gemm_flops_per_s", "kernel_rows", "cores")
-#: Tables and rate maps (see `bench.report.calibrate`).
+#: Tables and rate maps (see `bench.calibrate`).
 TABLES = ("pingpong", "exchange", "stream", "allreduce", "reduce", "copy", "gemm", "gemm_sizes", "conv", "attention",
           "dp_step")
 KEYS = NUMBERS + TABLES

@@ -3,7 +3,7 @@ import pytest
 from mpi4py import MPI
 
 from bench.provenance import mpi_library, placement
-from bench.report.calibrate import calibrate
+from bench.calibrate import calibrate
 from bench.report.model import KEYS
 from bench.faults import RankError, agree
 from bench.timing import measure
@@ -87,7 +87,7 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_failure_of_rank_zero_measuring_alone_is_raised_on_every_rank(comm, monkeypatch):
-    from bench.report import calibrate as module
+    from bench import calibrate as module
 
     def fails_alone(cores):
         raise ZeroDivisionError("on purpose")

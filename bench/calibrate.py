@@ -21,7 +21,7 @@ the mean of back-to-back calls after a barrier:
   (argument handling, no transfer); ``call_s``: a hand-written allreduce of 8 B on
   ``MPI.COMM_SELF`` (the Python path of one call of `parallel.collectives`: checks, plan, copy).
 
-The local rates of `bench.report.local_rates` (GEMM, the suites' kernels, ``dp``
+The local rates of `bench.local_rates` (GEMM, the suites' kernels, ``dp``
 steps, memory tables, kernel rows) are measured twice:
 
 - on rank 0 alone (the other ranks sleep), with one BLAS thread and with one per core:
@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of
 from bench.provenance import mpi_library
-from bench.report.local_rates import DP_ROWS, GEMM_SIZES, ROUNDS, local_rates, measure_interleaved
+from bench.local_rates import DP_ROWS, GEMM_SIZES, ROUNDS, local_rates, measure_interleaved
 from kernels.errors import InputError
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB

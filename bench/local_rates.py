@@ -1,4 +1,4 @@
-"""Local rates of the cost models (`bench.report.calibrate`): compute and memory on one rank.
+"""Local rates of the cost models (`bench.calibrate`): compute and memory on one rank.
 
 Every quantity is a median over `ROUNDS` rounds that visit all of them in turn
 (so a burst of load on a shared machine spreads over many sizes instead of
