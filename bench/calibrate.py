@@ -31,10 +31,18 @@ steps, memory tables, kernel rows) are measured twice:
 - under ``busy``, on every rank of rank 0's node at once, each with ``threads`` =
   cores // ``ranks`` BLAS threads (as a sweep's ranks share the node's cores and memory
   bandwidth); absent when rank 0's node holds one rank.
+
+``quick`` (``mlscale calibrate --quick``) measures the same tables at fewer sizes, in one
+round of fewer calls (`QUICK_MESSAGES`, `bench.local_rates.QUICK`): a file of the same
+schema, marked ``"quick": true``, in about a tenth of the time; its figures are rough (for
+tests and a first look, not for judging model errors).
 """
+import json
 import os
 import socket
+import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
@@ -42,7 +50,7 @@ from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of
 from bench.provenance import mpi_library
-from bench.local_rates import DP_ROWS, GEMM_SIZES, ROUNDS, local_rates, measure_interleaved
+from bench.local_rates import FULL, QUICK, ROUNDS, local_rates, measure_interleaved
 from kernels.errors import InputError
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
@@ -50,8 +58,27 @@ STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
 SLOPE_FROM = 1 << 20
 
 
-def calibrate(comm):
+@dataclass(frozen=True)
+class MessagePlan:
+    """What the message tables measure: their sizes, ``rounds`` per entry, back-to-back calls per sample
+    (``calls``: below `SLOPE_FROM`, from it on; the window table takes a fifth of them, at least 1)."""
+
+    sizes: tuple = tuple(PINGPONG_SIZES)
+    stream_sizes: tuple = tuple(STREAM_SIZES)
+    rounds: int = ROUNDS
+    calls: tuple = (50, 10)
+
+
+FULL_MESSAGES = MessagePlan()
+#: Every eighth size from 8 B and the two largest (the slope over 1-16 MiB needs two), one round.
+QUICK_MESSAGES = MessagePlan(sizes=tuple(PINGPONG_SIZES[:-2:3]) + tuple(PINGPONG_SIZES[-2:]),
+                             stream_sizes=tuple(STREAM_SIZES[::3]) + (STREAM_SIZES[-1],), rounds=1, calls=(10, 2))
+
+
+def calibrate(comm, quick=False):
     """Measure the model constants (see the module); return them as a dict on every rank.
+
+    ``quick``: the same tables at fewer sizes and rounds (`QUICK_MESSAGES`, `bench.local_rates.QUICK`).
 
     A failure on some rank (a suite's settings in the environment, say) is raised on
     every rank: an `AgreedInputError` or a `RankError` (`bench.faults`).
@@ -68,22 +95,23 @@ def calibrate(comm):
     away = [rank for rank, where in enumerate(homes) if where != homes[0]]
     partner = away[0] if away else 1
     pair = comm.Split(0 if comm.rank in (0, partner) else MPI.UNDEFINED, comm.rank)
+    messages, rates = (QUICK_MESSAGES, QUICK) if quick else (FULL_MESSAGES, FULL)
     result = None
     if pair != MPI.COMM_NULL:
-        result = _measure_pair(pair)
+        result = _measure_pair(pair, messages)
         pair.Free()
     cores = os.cpu_count() or 1
     busy, failure = None, None
     if home == homes[0] and node.size > 1:  # rank 0's node: every rank at once
         threads = max(1, cores // node.size)
         try:
-            busy = dict(ranks=node.size, threads=threads, **agree(node, local_rates, threads, node))
+            busy = dict(ranks=node.size, threads=threads, **agree(node, local_rates, threads, node, rates))
         except AGREED as error:
             failure = failure_of(error, comm.rank)
     node.Free()
     if comm.rank == 0 and failure is None:
         try:  # the other ranks sleep: a failure here reaches them through the broadcast below
-            result.update(_alone_rates(cores), scope="inter-node" if away else "intra-node")
+            result.update(_alone_rates(cores, rates), scope="inter-node" if away else "intra-node", quick=quick)
         except Exception as error:  # noqa: BLE001 - raised on every rank below
             failure = failure_of(error, comm.rank)
         if busy is not None:
@@ -94,6 +122,39 @@ def calibrate(comm):
     return result
 
 
+def check_output_path(path):
+    """Refuse, before anything is measured, an ``--out`` that cannot be written: a folder, a file in a missing
+    folder, or a folder this process may not write (`InputError`, one line)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"calibrate --out {path} is a folder; give a file name, e.g. {os.path.join(path, 'calib.json')}")
+    if not os.path.isdir(folder):
+        raise InputError(f"calibrate --out {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"calibrate --out {path}: cannot write in {folder}")
+
+
+def write_calibration(path, constants):
+    """Write ``constants`` as JSON to ``path`` whole or not at all: a temporary file in the same folder, renamed
+    over ``path`` once complete (a full disk leaves an earlier calibration at ``path`` as it was)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    temporary = None
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".calib-", suffix=".json", dir=folder)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        with os.fdopen(handle, "w") as stream:
+            json.dump(constants, stream, indent=2)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
+        raise InputError(f"cannot write {path}: {error.strerror}") from None
+
+
 def _sleeping_bcast(comm, value):
     """``comm.bcast(value, root=0)`` after a barrier that sleeps, so idle ranks leave their cores alone."""
     request = comm.Ibarrier()
@@ -102,16 +163,19 @@ def _sleeping_bcast(comm, value):
     return comm.bcast(value, root=0)
 
 
-def _measure_pair(pair):
-    """The message tables (see the module), each entry the median over `ROUNDS` rounds that visit every
-    entry in turn; a sample is the mean of back-to-back calls after a barrier, the slower rank's (its first
-    call also makes the pair's connection)."""
-    entries = {("pingpong", n): (_pingponger(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES}
-    entries.update({("exchange", n): (_exchanger(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES})
-    entries.update({("stream", n): (_windower(pair, n), 10 if n < SLOPE_FROM else 2) for n in STREAM_SIZES})
-    entries.update({("allreduce", n): (_reducer(pair, n), 50 if n < SLOPE_FROM else 10) for n in PINGPONG_SIZES})
+def _measure_pair(pair, plan):
+    """The message tables (see the module) at the sizes of ``plan`` (a `MessagePlan`), each entry the median
+    over its rounds, which visit every entry in turn; a sample is the mean of back-to-back calls after a
+    barrier, the slower rank's (its first call also makes the pair's connection)."""
+    def calls(n, fraction=1):
+        return max(1, plan.calls[n >= SLOPE_FROM] // fraction)
+
+    entries = {("pingpong", n): (_pingponger(pair, n), calls(n)) for n in plan.sizes}
+    entries.update({("exchange", n): (_exchanger(pair, n), calls(n)) for n in plan.sizes})
+    entries.update({("stream", n): (_windower(pair, n), calls(n, 5)) for n in plan.stream_sizes})
+    entries.update({("allreduce", n): (_reducer(pair, n), calls(n)) for n in plan.sizes})
     samples = {key: [] for key in entries}
-    for _ in range(ROUNDS):
+    for _ in range(plan.rounds):
         for key, (function, calls) in entries.items():
             samples[key].append(_mean_seconds(pair, function, calls))
     seconds = np.array([np.median(values) for values in samples.values()])
@@ -124,7 +188,7 @@ def _measure_pair(pair):
         return None
     large = [(n, t) for n, t in tables["pingpong"] if n >= SLOPE_FROM]
     beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
-    alpha = max(tables["pingpong"][0][1] - overhead - PINGPONG_SIZES[0] * beta, 1e-9)  # > 0: below the clock
+    alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
     return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
                 **tables,
                 mpi_library=mpi_library(), host=socket.gethostname(),
@@ -217,10 +281,11 @@ def _proc_null_seconds(comm, calls=2000):
     return comm.allreduce(best, op=MPI.MAX)
 
 
-def _alone_rates(cores):
-    """`local_rates` on this rank alone with one thread and with ``cores``, paired ``[one thread, all cores]``."""
-    one = local_rates(1)
-    every = local_rates(cores) if cores > 1 else one
+def _alone_rates(cores, plan):
+    """`local_rates` (at ``plan``'s sizes) on this rank alone with one thread and with ``cores``, paired
+    ``[one thread, all cores]``."""
+    one = local_rates(1, plan=plan)
+    every = local_rates(cores, plan=plan) if cores > 1 else one
     suites = {suite: {dtype: {variant: [rate, every[suite][dtype][variant]] for variant, rate in variants.items()}
                       for dtype, variants in one[suite].items()} for suite in ("conv", "attention")}
     (n0, t0), (n1, t1) = one["reduce"][-2:]
@@ -231,4 +296,5 @@ def _alone_rates(cores):
                                    for dtype, table in one["dp_step"].items()},
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=one["kernel_rows"],
                 gamma_s_per_byte=(t1 - t0) / (n1 - n0), memcpy_bytes_per_s=largest / seconds,
-                gemm_sizes=list(GEMM_SIZES), gemm_flops_per_s=one["gemm"]["float64"][-1], dp_rows=list(DP_ROWS))
+                gemm_sizes=list(plan.gemm_sizes), gemm_flops_per_s=one["gemm"]["float64"][-1],
+                dp_rows=list(plan.dp_rows))

@@ -56,7 +56,10 @@ def build_parser():
     report.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     calibrate = commands.add_parser("calibrate", help="measure the cost models' constants on 2 ranks "
                                       "(inside a two-node allocation: between the nodes); write JSON")
-    calibrate.add_argument("--out", default="calib.json", help="where to write the constants")
+    calibrate.add_argument("--out", default="calib.json", help="where to write the constants (checked before "
+                           "measuring; written whole or not at all)")
+    calibrate.add_argument("--quick", action="store_true", help="the same tables at fewer sizes, in one round "
+                           "(a few seconds): rough figures for tests and a first look")
     calibrate.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
     calibrate.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     slurm = commands.add_parser("slurm", help="render (and --submit) sbatch scripts for a sweep over node counts")
@@ -206,30 +209,29 @@ def command_report(args, out, err):
 
 
 def command_calibrate(args, argv, out):
-    """From a shell: start 2 ranks running this command again; inside the job: measure and write JSON."""
+    """From a shell: check ``--out``, start 2 ranks running this command again; inside the job: measure
+    and write JSON (`bench.calibrate.write_calibration`)."""
+    from bench.calibrate import check_output_path
+
+    check_output_path(args.out)
     if not args.in_job:
         from bench.launch import run_under_mpi
 
         forwarded = _strip_options(argv, {"--launcher": True}) + ["--in-job"]
         return run_under_mpi(2, args.launcher, forwarded)
-    import json
-
-    from bench.calibrate import calibrate
+    from bench.calibrate import calibrate, write_calibration
 
     comm = _mpi_world()
     try:
-        constants = calibrate(comm)
+        constants = calibrate(comm, quick=args.quick)
     except RankError as error:  # raised on every rank together
         if comm.rank == 0:
             _line_writer(sys.stderr)(f"mlscale: error: {error}")
         return EXIT_WRONG
     if comm.rank == 0:
-        try:
-            with open(args.out, "w") as handle:
-                json.dump(constants, handle, indent=2)
-        except OSError as error:
-            raise InputError(f"cannot write {args.out}: {error.strerror}") from None
-        out(f"calibrate ({constants['scope']}): overhead {constants['overhead_s'] * 1e6:.2f} us + alpha "
+        write_calibration(args.out, constants)
+        out(f"calibrate ({constants['scope']}{', quick' if args.quick else ''}): overhead "
+            f"{constants['overhead_s'] * 1e6:.2f} us + alpha "
             f"{constants['alpha_s'] * 1e6:.2f} us per message, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"
             f" GB/s, 1/gamma {1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy "
             f"{constants['memcpy_bytes_per_s'] / 1e9:.2f} GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} "

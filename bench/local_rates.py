@@ -16,8 +16,12 @@ sweep do).
 - ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
   8 B .. 32 MiB (`LOCAL_SIZES`);
 - ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64.
+
+How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
+or `QUICK` (``--quick``: fewer sizes, one round, short samples; the same tables, coarser).
 """
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -34,20 +38,41 @@ KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 64
 ROUNDS, LEAST_S = 3, 0.01
 
 
-def local_rates(threads, comm=None):
-    """The rates of the module with ``threads`` BLAS threads; ``comm``: measure on all its ranks at once."""
+@dataclass(frozen=True)
+class RatesPlan:
+    """What `local_rates` measures: the table sizes, ``rounds`` per entry and ``least`` seconds per sample."""
+
+    gemm_sizes: tuple = GEMM_SIZES
+    local_sizes: tuple = tuple(LOCAL_SIZES)
+    dp_rows: tuple = DP_ROWS
+    suite_points: tuple = SUITE_POINTS
+    rounds: int = ROUNDS
+    least: float = LEAST_S
+
+
+FULL = RatesPlan()
+#: A rough calibration in a few seconds (tests, a first look): the ends and middle of each table, one round.
+#: The suites' kernels at a quarter of their reference work.
+QUICK = RatesPlan(gemm_sizes=(32, 128, 512), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
+                  dp_rows=(16, 256), suite_points=tuple((suite, variant, size // 2) for suite, variant, size in
+                                                        SUITE_POINTS), rounds=1, least=0.002)
+
+
+def local_rates(threads, comm=None, plan=FULL):
+    """The rates of the module with ``threads`` BLAS threads; ``comm``: measure on all its ranks at once;
+    ``plan``: the sizes and rounds (`RatesPlan`)."""
     suites = {"conv": {}, "attention": {}}
     with threadpool_limits(limits=threads), ExitStack() as stack:
-        items = _items(stack)
-        seconds = measure_interleaved(items, comm)
+        items = _items(stack, plan)
+        seconds = measure_interleaved(items, comm, plan.rounds, plan.least)
         for (suite, variant, dtype), (case, state) in items.points.items():
             rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
             suites[suite].setdefault(dtype, {})[variant] = rate
-    gemm = {dtype: [2 * n**3 / seconds["gemm", dtype, n] for n in GEMM_SIZES] for dtype in DTYPES}
+    gemm = {dtype: [2 * n**3 / seconds["gemm", dtype, n] for n in plan.gemm_sizes] for dtype in DTYPES}
     return dict(gemm=gemm, **suites,
-                dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in DP_ROWS] for dtype in DTYPES},
-                reduce=[[n, seconds["reduce", n]] for n in LOCAL_SIZES],
-                copy=[[n, seconds["copy", n]] for n in LOCAL_SIZES],
+                dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in plan.dp_rows] for dtype in DTYPES},
+                reduce=[[n, seconds["reduce", n]] for n in plan.local_sizes],
+                copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
                 kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / seconds["kernel"])
 
 
@@ -81,21 +106,21 @@ class _Items(dict):
     points = None
 
 
-def _items(stack):
+def _items(stack, plan):
     items = _Items()
     items.points = {}
     rng = np.random.default_rng(0)
     for dtype in DTYPES:
-        for n in GEMM_SIZES:
+        for n in plan.gemm_sizes:
             a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
             items["gemm", dtype, n] = _product(a, b)  # two operands: a @ a reads half the memory
-        for suite, variant, size in SUITE_POINTS:
+        for suite, variant, size in plan.suite_points:
             case, state = _suite_state(stack, suite, variant, size, dtype)
             items["suite", suite, variant, dtype] = _runner(case, state)
             items.points[suite, variant, dtype] = case, state
-        for rows in DP_ROWS:
+        for rows in plan.dp_rows:
             items["dp", dtype, rows] = _runner(*_suite_state(stack, "dp", "mpi", rows, dtype))
-    for nbytes in LOCAL_SIZES:
+    for nbytes in plan.local_sizes:
         vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
         items["reduce", nbytes] = _adder(vector, other)
         items["copy", nbytes] = _copier(other, vector)

@@ -1,11 +1,13 @@
 """The command line end to end, as a user runs it: exit codes, one-line errors, resumable CSV."""
+import errno
 import json
 import os
 import subprocess
 
 import pytest
 
-from tests.clitools import ROOT, command, mlscale, rows_of
+from kernels.errors import InputError
+from tests.clitools import PROMPT, ROOT, command, mlscale, rows_of
 
 
 def mlscale_under_mpi(ranks, *args):
@@ -145,11 +147,46 @@ def test_calibrate_then_report_with_model_and_projection(tmp_path):
 
 def test_calibrate_across_two_nodes_measures_between_them(tmp_path):
     calib = str(tmp_path / "inter.json")
-    status, out, err = mlscale("calibrate", "--out", calib, MPIR_CVAR_NUM_CLIQUES="2")  # MPICH: two nodes on one host
+    status, out, err = mlscale("calibrate", "--quick", "--out", calib, MPIR_CVAR_NUM_CLIQUES="2")  # two "nodes"
     assert status == 0, err
-    assert out.startswith("calibrate (inter-node): ")
+    assert out.startswith("calibrate (inter-node, quick): ")
     with open(calib) as handle:
         assert json.load(handle)["scope"] == "inter-node"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/calib.json", "the folder {tmp}/missing does not exist"),
+    ("", "calibrate --out {tmp}/ is a folder; give a file name, e.g. {tmp}/calib.json"),
+])
+def test_calibrate_refuses_an_unwritable_out_before_it_measures(tmp_path, where, message):
+    status, out, err = mlscale("calibrate", "--out", f"{tmp_path}/{where}", timeout=PROMPT)
+    assert (status, out) == (2, "") and err.count("\n") == 1
+    assert message.format(tmp=tmp_path) in err
+
+
+def test_a_calibration_that_cannot_be_written_whole_leaves_the_earlier_one(tmp_path, monkeypatch):
+    from bench import calibrate as module
+
+    path = tmp_path / "calib.json"
+    path.write_text('{"earlier": true}')
+
+    def disk_full(descriptor):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(module.os, "fsync", disk_full)
+    with pytest.raises(InputError, match=f"^cannot write {path}: No space left on device$"):
+        module.write_calibration(str(path), {"alpha_s": 1.0})
+    assert path.read_text() == '{"earlier": true}' and os.listdir(tmp_path) == ["calib.json"]
+    monkeypatch.undo()
+    module.write_calibration(str(path), {"alpha_s": 1.0})
+    assert json.loads(path.read_text()) == {"alpha_s": 1.0} and os.listdir(tmp_path) == ["calib.json"]
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.parametrize("nodes", ["1", "2"])  # two (MPICH cliques): rank 0 measures alone, its partner sleeps

@@ -2,8 +2,9 @@
 import pytest
 from mpi4py import MPI
 
+from bench.calibrate import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, calibrate
+from bench.local_rates import FULL, QUICK
 from bench.provenance import mpi_library, placement
-from bench.calibrate import calibrate
 from bench.report.model import KEYS
 from bench.faults import RankError, agree
 from bench.timing import measure
@@ -63,16 +64,19 @@ def test_the_mpi_library_has_no_nul_byte(monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, monkeypatch):
+    """A quick calibration: the full one (every size, three rounds) runs once, in test_cli."""
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
-    constants = calibrate(comm)
-    assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1]
+    constants = calibrate(comm, quick=True)
+    assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1] and constants["quick"] is True
     assert comm.allgather(constants) == [constants] * comm.size
     assert set(KEYS) <= set(constants) and constants["scope"] in ("intra-node", "inter-node")
     assert all(constants[key] > 0 for key in ("alpha_s", "beta_s_per_byte", "overhead_s", "gamma_s_per_byte",
                                               "kernel_rows"))
-    assert [n for n, _ in constants["pingpong"]] == [n for n, _ in constants["exchange"]] == [8 << k for k in range(22)]
-    assert [n for n, _ in constants["stream"]] == [8 << k for k in range(20)]
-    assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"]
+    sizes = list(QUICK_MESSAGES.sizes)
+    assert [n for n, _ in constants["pingpong"]] == [n for n, _ in constants["exchange"]] == sizes
+    assert [n for n, _ in constants["allreduce"]] == sizes and sizes[0] == 8 and sizes[-1] == 16 << 20
+    assert [n for n, _ in constants["stream"]] == list(QUICK_MESSAGES.stream_sizes)
+    assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"] == list(QUICK.dp_rows)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_with_zero = comm.bcast(node.size, root=0)  # every rank of rank 0's node measures the busy rates
     node.Free()
@@ -80,20 +84,32 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     if ranks_with_zero > 1:
         busy = constants["busy"]
         assert busy["ranks"] == ranks_with_zero and busy["threads"] >= 1
-        assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"} and len(busy["reduce"]) == 12
-    assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"])
+        assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"}
+        assert [n for n, _ in busy["reduce"]] == list(QUICK.local_sizes)
+    assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"]) == len(QUICK.gemm_sizes)
     assert set(constants["conv"]["float32"]) == {"forward", "forward_backward"}
+
+
+def test_the_quick_plans_keep_what_the_models_fit():
+    """Both ends of every table, two sizes from 1 MiB on for the bandwidth slope, sizes rising."""
+    for full, quick in ((FULL_MESSAGES.sizes, QUICK_MESSAGES.sizes), (FULL_MESSAGES.stream_sizes,
+                        QUICK_MESSAGES.stream_sizes), (FULL.local_sizes, QUICK.local_sizes),
+                        (FULL.gemm_sizes, QUICK.gemm_sizes), (FULL.dp_rows, QUICK.dp_rows)):
+        assert quick[0] == full[0] and set(quick) <= set(full) and list(quick) == sorted(set(quick))
+    assert QUICK_MESSAGES.sizes[-1] == FULL_MESSAGES.sizes[-1] and QUICK.local_sizes[-1] == FULL.local_sizes[-1]
+    assert sum(n >= SLOPE_FROM for n in QUICK_MESSAGES.sizes) >= 2
+    assert QUICK.rounds == QUICK_MESSAGES.rounds == 1
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_failure_of_rank_zero_measuring_alone_is_raised_on_every_rank(comm, monkeypatch):
     from bench import calibrate as module
 
-    def fails_alone(cores):
+    def fails_alone(cores, plan):
         raise ZeroDivisionError("on purpose")
 
-    monkeypatch.setattr(module, "_measure_pair", lambda pair: {} if pair.rank == 0 else None)
-    monkeypatch.setattr(module, "local_rates", lambda threads, comm=None: {})
+    monkeypatch.setattr(module, "_measure_pair", lambda pair, plan: {} if pair.rank == 0 else None)
+    monkeypatch.setattr(module, "local_rates", lambda threads, comm=None, plan=None: {})
     monkeypatch.setattr(module, "_alone_rates", fails_alone)
     with pytest.raises(RankError, match="^rank 0: ZeroDivisionError: on purpose$"):
         calibrate(comm)
