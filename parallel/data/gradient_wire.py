@@ -9,7 +9,8 @@ Buckets
 Reduced precision (``precision="float16"`` or ``"bfloat16"``)
     Master weights, optimiser and local gradients keep the model's dtype; only
     the exchange is 16-bit. bfloat16 is the upper half of a float32, rounded to
-    nearest even. With ``allreduce="mpi"`` the 16-bit values travel as 16-bit
+    nearest even; a NaN stays a quiet NaN of its sign (never a number), so a
+    NaN gradient on any rank is a NaN after the exchange on every rank. With ``allreduce="mpi"`` the 16-bit values travel as 16-bit
     words (half the bytes of float32): float16 as MPI's float16 with ``MPI.SUM``,
     bfloat16 as uint16 upper halves with a user-defined op that widens to float32,
     adds and rounds back. The hand-written algorithms reduce float32 / float64
@@ -27,6 +28,7 @@ Device arrays (CuPy)
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.errors import InputError
 
 PRECISIONS = ("full", "float16", "bfloat16")
@@ -56,15 +58,44 @@ def bucket_bounds(param_sizes, itemsize, bucket_bytes):
     return bounds
 
 
+#: float32 bit masks of the bfloat16 rounding: the magnitude, +inf, the quiet-NaN bit, the upper half.
+_MAGNITUDE, _INFINITY = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
+_QUIET_NAN, _UPPER_HALF = np.uint32(0x00400000), np.uint32(0xFFFF0000)
+
+
+def _round_words(words):
+    """Round float32 bit patterns ``words`` (uint32, overwritten) to bfloat16 in their upper halves; return them.
+
+    The one rule of every bfloat16 rounding here. Numbers, infinities included,
+    round to nearest, ties to even: adding ``0x7FFF`` plus the lowest kept bit
+    carries into the upper half exactly when the dropped half is more than half a
+    bfloat16 step, or exactly half with an odd kept bit; a finite number at least
+    halfway above the largest bfloat16 becomes inf, as IEEE rounding gives. A NaN
+    is not rounded (that carry would turn it into inf or wrap it to a zero): it
+    keeps its sign and upper bits, with the quiet bit set, so it stays a (quiet)
+    NaN even when its payload lay in the dropped half. The low halves are cleared.
+    Computes in the array module of ``words``.
+    """
+    xp = array_module(words)
+    nan = (words & _MAGNITUDE) > _INFINITY
+    carry = words >> np.uint32(16)
+    carry &= np.uint32(1)
+    carry += np.uint32(0x7FFF)
+    words += xp.where(nan, np.uint32(0), carry)
+    words |= xp.where(nan, _QUIET_NAN, np.uint32(0))
+    words &= _UPPER_HALF
+    return words
+
+
 def bfloat16_bits(values):
-    """Return ``values`` rounded to bfloat16 (nearest, ties to even) as uint16 upper halves of float32."""
-    bits = values.astype(np.float32, copy=False).view(np.uint32)
-    tie_to_even = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return ((bits + tie_to_even) >> np.uint32(16)).astype(np.uint16)
+    """Return ``values`` rounded to bfloat16 as uint16 upper halves of float32 (`_round_words`: nearest,
+    ties to even; NaN stays a quiet NaN of the same sign)."""
+    words = values.astype(np.float32).view(np.uint32)
+    return (_round_words(words) >> np.uint32(16)).astype(np.uint16)
 
 
 def round_to_bfloat16(values):
-    """Round the float32 array ``values`` in place to bfloat16 precision (nearest, ties to even).
+    """Round the float32 array ``values`` in place to bfloat16 precision (`_round_words`).
 
     The result is `bfloat16_values(bfloat16_bits(values))` without the 16-bit copy:
     float32 numbers whose low 16 bits are zero. NumPy has no bfloat16 dtype, so
@@ -72,12 +103,7 @@ def round_to_bfloat16(values):
     """
     if values.dtype != np.float32:
         raise TypeError(f"round_to_bfloat16: need a float32 array, got {values.dtype}")
-    bits = values.view(np.uint32)
-    low = bits >> np.uint32(16)
-    low &= np.uint32(1)
-    low += np.uint32(0x7FFF)
-    bits += low
-    bits &= np.uint32(0xFFFF0000)
+    _round_words(values.view(np.uint32))
     return values
 
 
