@@ -8,7 +8,7 @@ otherwise they are staged through host memory, and the staging copies are part
 of what is timed. Two ways serve the two kinds of code:
 
 - `Backend.comm` wraps a communicator so that every MPI call of a parallel
-  routine synchronises and stages its own buffers (`kernels.device_comm`); the
+  routine synchronises and stages its own buffers (`kernels.comm.device`); the
   routine computes with `array_module` (``xp``) of its inputs, so one code path
   serves NumPy and CuPy;
 - `Backend.staged` stages a whole call (a hand-written collective whose inner
@@ -59,10 +59,10 @@ class Backend:
             _DEVICE_MODULES[xp.ndarray] = xp
 
     def comm(self, comm):
-        """``comm`` itself on the host; a `kernels.device_comm.DeviceComm` for device buffers."""
+        """``comm`` itself on the host; a `kernels.comm.device.DeviceComm` for device buffers."""
         if self.xp is np:
             return comm
-        from kernels.device_comm import DeviceComm
+        from kernels.comm.device import DeviceComm
 
         return DeviceComm(comm, self)
 

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import DeviceComm
+from kernels.comm import raw_comm
 from kernels.distribution import ProcessGrid, block_range
 from kernels.errors import InputError
 
@@ -58,16 +58,11 @@ def as_block(values):
     return array_module(values).asarray(values)
 
 
-def _mpi_comm(comm):
-    """The mpi4py communicator itself (unwrapping a `DeviceComm`)."""
-    return comm.comm if isinstance(comm, DeviceComm) else comm
-
-
 def _check_layout(comm, layout):
     if isinstance(layout, ProcessGrid):
         if len(layout.dims) not in (2, 3):
             raise InputError(f"a matrix needs a 2D or 3D process grid, got dims {layout.dims}")
-        if MPI.Comm.Compare(_mpi_comm(comm), _mpi_comm(layout.cart)) not in (MPI.IDENT, MPI.CONGRUENT):
+        if MPI.Comm.Compare(raw_comm(comm), raw_comm(layout.cart)) not in (MPI.IDENT, MPI.CONGRUENT):
             raise InputError("the process grid was not built on this communicator")
     elif not isinstance(layout, str) or layout not in ONE_D_LAYOUTS:
         raise InputError(f"unknown layout {layout!r}: use 'rows', 'cols' or a ProcessGrid")

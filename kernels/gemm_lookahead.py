@@ -24,7 +24,7 @@ from collections import deque
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import poll_all, wait_all
+from kernels.comm.device import poll_all, wait_all
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.dtypes import accumulator

@@ -51,7 +51,7 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import DeviceComm, poll_all, wait_all
+from kernels.comm.device import DeviceComm, poll_all, wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS

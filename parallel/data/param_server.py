@@ -49,7 +49,7 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import wait_all
+from kernels.comm.device import wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.optim import SGD

@@ -17,7 +17,7 @@ numbers). With ``R_out`` rows this rank sends to other ranks' experts (at most
 each pass costs ``~2 (p-1) alpha + (R_out + R_in) hidden w beta`` in the
 all-to-alls (plus ``(p-1) alpha`` for the counts, forward) and one small
 allreduce. ``bytes_sent`` counts the all-to-all rows and counts exactly and the
-allreduces as a ring would send them (`kernels.traffic`, through `parallel.tensor.tensor_parallel.CommCounter`).
+allreduces as a ring would send them (`kernels.comm.traffic`, through a `kernels.comm.counting.CountingComm`).
 Memory per rank: the ``(k n_r, hidden)`` output and gradient buffers of the
 combine, the received rows and the experts' activations (``R_in + kept own rows``
 by ``ffn``).
@@ -29,9 +29,9 @@ memory without a CUDA-aware MPI); the counts are host arrays.
 import numpy as np
 
 from kernels.backend import array_module
+from kernels.comm.counting import CountedCommunication, CountingComm
 from kernels.errors import InputError
 from parallel.expert.layer import MoELayer, SerialMoE
-from parallel.tensor.tensor_parallel import CommCounter, CountedCommunication
 
 
 class ParallelMoE(CountedCommunication, MoELayer):
@@ -53,7 +53,7 @@ class ParallelMoE(CountedCommunication, MoELayer):
         first = comm.rank * self.local_experts
         super().__init__(hidden, ffn, experts, range(first, first + self.local_experts), top_k, capacity_factor,
                          seed, dtype, aux_loss_weight)
-        self.comm, self.counter = comm, CommCounter(comm)
+        self.comm, self.counter = comm, CountingComm(comm)
 
     def serial_reference(self):
         """A `SerialMoE` with the same settings (call its forward with every rank's token count)."""
@@ -64,21 +64,17 @@ class ParallelMoE(CountedCommunication, MoELayer):
         return [x]
 
     def _alltoallv(self, send, send_rows, recv_rows):
-        with self.counter.timed():
-            xp = array_module(send)
-            recv = xp.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
-            layout = [(rows * self.hidden, (np.cumsum(rows) - rows) * self.hidden) for rows in (send_rows, recv_rows)]
-            self.comm.Alltoallv([xp.ascontiguousarray(send), layout[0]], [recv, layout[1]])
-        self.counter.add("send", int(send_rows.sum() - send_rows[self.comm.rank]) * self.hidden * send.itemsize)
+        xp = array_module(send)
+        recv = xp.empty((int(recv_rows.sum()), self.hidden), dtype=self.dtype)
+        layout = [(rows * self.hidden, (np.cumsum(rows) - rows) * self.hidden) for rows in (send_rows, recv_rows)]
+        self.counter.Alltoallv([xp.ascontiguousarray(send), layout[0]], [recv, layout[1]])
         return recv
 
     def _to_experts(self, rows, counts):
         if counts is not None:
-            with self.counter.timed():
-                send_counts = counts[0].reshape(self.comm.size, self.local_experts).astype(np.int64)
-                self._recv_counts = np.empty_like(send_counts)
-                self.comm.Alltoall(send_counts, self._recv_counts)
-            self.counter.add("send", (self.comm.size - 1) * self.local_experts * send_counts.itemsize)
+            send_counts = counts[0].reshape(self.comm.size, self.local_experts).astype(np.int64)
+            self._recv_counts = np.empty_like(send_counts)
+            self.counter.Alltoall(send_counts, self._recv_counts)
             self._send_rows = send_counts.sum(axis=1)
         return self._alltoallv(rows[0], self._send_rows, self._recv_counts.sum(axis=1)), self._recv_counts
 
@@ -86,4 +82,4 @@ class ParallelMoE(CountedCommunication, MoELayer):
         return [self._alltoallv(rows, self._recv_counts.sum(axis=1), self._send_rows)]
 
     def _sum(self, array):
-        return self.counter.allreduce(array)
+        return self.counter.sum_in_place(array)

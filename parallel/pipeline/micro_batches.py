@@ -11,7 +11,7 @@ Received messages (`Inbox`)
     once a micro-batch is done with its buffer, so that a message lands in place, in
     memory that is already paged in. Buffers are allocated with the stage's array
     module (``xp``: device buffers on a GPU, received through a staging
-    `kernels.device_comm.DeviceComm`).
+    `kernels.comm.device.DeviceComm`).
 """
 import numpy as np
 

@@ -33,12 +33,12 @@ Timeline (`Pipeline.timeline`, last step)
 
 Device arrays (CuPy)
     A stage on a device communicator (``backend.comm(comm)``, a
-    `kernels.device_comm.DeviceComm`) runs on the device, as does one whose
+    `kernels.comm.device.DeviceComm`) runs on the device, as does one whose
     parameters are device arrays (`kernels.backend.array_module`): received activations and gradients,
     the gradient sum and the saved micro-batch state stay in device memory; pass
     ``backend.comm(comm)`` (and ``data_comm``) so that every send synchronises the
     stream first and is staged through host memory without a CUDA-aware MPI. Sends
-    are completed with `kernels.device_comm.poll_all` / ``wait_all``.
+    are completed with `kernels.comm.device.poll_all` / ``wait_all``.
 
 Communication cost per step, stage ``s`` of ``p`` (inner stages; the first and last
 stages have half of it), boundary widths ``w_in``, ``w_out`` elements per sample and
@@ -50,7 +50,8 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
-from kernels.device_comm import DeviceComm, poll_all, wait_all
+from kernels.comm import backend_of
+from kernels.comm.device import poll_all, wait_all
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.pipeline.micro_batches import Inbox, restore_caches, reusable, save_caches, saved_bytes
@@ -119,7 +120,8 @@ class Pipeline(GradientStep):
         self.actions = stage_schedule(schedule, self.stages, self.stage, self.micro_batches)
         self._pairs = [pair for layer in self.layers for pair in layer.parameters()]
         # A device communicator puts the stage on the device even when it holds no parameter (a lone ReLU).
-        self.xp = comm.backend.xp if isinstance(comm, DeviceComm) else array_module(*(p for p, _ in self._pairs))
+        backend = backend_of(comm)
+        self.xp = backend.xp if backend is not None else array_module(*(p for p, _ in self._pairs))
         self._grad_sum = flatten_arrays([grad for _, grad in self._pairs]) if self._pairs else \
             self.xp.zeros(0, self.dtype)
         self._grad_views = unflatten_vector(self._grad_sum, [grad.shape for _, grad in self._pairs])

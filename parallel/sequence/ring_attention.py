@@ -35,15 +35,15 @@ step's compute and sent on after it, so they arrive home after ``p`` steps).
 
 Devices: with device arrays and ``comm`` from `kernels.backend.Backend.comm`, the
 buffers are allocated on the device and every transfer is synchronised (and
-staged) by the `kernels.device_comm.DeviceComm`; requests complete through
-`kernels.device_comm.wait_all`, which also copies staged receives to the device.
+staged) by the `kernels.comm.device.DeviceComm`; requests complete through
+`kernels.comm.device.wait_all`, which also copies staged receives to the device.
 """
 from mpi4py import MPI
 from mpi4py.util import dtlib
 import numpy as np
 
 from kernels.backend import array_module
-from kernels.device_comm import wait_all
+from kernels.comm.device import wait_all
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.attention import (TILES, attend_block, attend_block_backward, check_qkv, output_delta, span_length,

@@ -13,7 +13,7 @@ weights equal the serial step's up to rounding.
 
 Devices: move the serial model first (``model.to(backend)``), build the grid from
 `kernels.backend.Backend.comm`, and feed device tiles; every layer then computes
-with its inputs' array module (gathers staged by the `kernels.device_comm.DeviceComm`).
+with its inputs' array module (gathers staged by the `kernels.comm.device.DeviceComm`).
 """
 import math
 

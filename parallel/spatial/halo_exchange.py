@@ -11,16 +11,17 @@ neighbours, or more when tiles are thinner than the halo). The reverse exchange
 owners add them.
 
 Devices: on a grid made from `kernels.backend.Backend.comm` the buffer and the
-packed halos are device arrays of the buffer's module; the `kernels.device_comm.DeviceComm`
+packed halos are device arrays of the buffer's module; the `kernels.comm.device.DeviceComm`
 synchronises (and stages) every message, and requests complete through
-`kernels.device_comm.wait_all` / `poll_all`. Subarray datatypes need a
+`kernels.comm.device.wait_all` / `poll_all`. Subarray datatypes need a
 CUDA-aware MPI there: a staged receive would copy the whole buffer back.
 """
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from kernels.backend import array_module
-from kernels.device_comm import DeviceComm, poll_all, wait_all
+from kernels.comm import backend_of
+from kernels.comm.device import poll_all, wait_all
 from kernels.errors import InputError
 from parallel.spatial.tile_layout import plan_axis
 
@@ -147,7 +148,7 @@ class HaloExchange:
     stride, padding : int
         Stride and zero padding of both axes, ``2 * padding <= min(kernel) - 1``.
     method : str
-        One of `PACKING_METHODS`; "subarray" on a staging `kernels.device_comm.DeviceComm`
+        One of `PACKING_METHODS`; "subarray" on a staging `kernels.comm.device.DeviceComm`
         (device, MPI not CUDA-aware) is an `InputError`.
 
     Attributes
@@ -163,7 +164,8 @@ class HaloExchange:
             raise InputError(f"unknown packing method {method!r}; choose from {', '.join(PACKING_METHODS)}")
         if tuple(grid.dims) != layout.dims:
             raise InputError(f"layout for a {layout.dims} grid used on a {grid.dims} grid")
-        if method == "subarray" and isinstance(grid.cart, DeviceComm) and not grid.cart.backend.device_buffers_to_mpi:
+        backend = backend_of(grid.cart)
+        if method == "subarray" and backend is not None and not backend.device_buffers_to_mpi:
             raise InputError("halo packing 'subarray' on a device needs a CUDA-aware MPI (MLSCALE_CUDA_AWARE=1): "
                              "a staged receive would copy the whole tile back; use 'packed'")
         self.grid, self.method, self.seconds = grid, method, 0.0

@@ -36,64 +36,55 @@ activation (width ``in`` for the column layer's ``dX``, ``out`` for the row
 layer's ``Y``), ring algorithms: an allreduce costs ``2 (p-1) alpha + 2 (p-1)/p n
 beta``, an allgather or a reduce-scatter ``(p-1) alpha + (p-1)/p n beta`` (the
 sequence-parallel column forward and row backward add one ``Allgather`` of one
-integer per rank: the token counts). `CommCounter.bytes_sent` adds up these
-nominal ring bytes by the convention of `kernels.traffic` (``2 (p-1)/p n`` per
-allreduce, ``(p-1)/p n`` per allgather or reduce-scatter, the token counts not
-included), whatever algorithm MPI picks.
+integer per rank: the token counts). The layers' ``counter``, a
+`kernels.comm.counting.CountingComm`, adds up these nominal ring bytes by the
+convention of `kernels.comm.traffic` (``2 (p-1)/p n`` per allreduce, ``(p-1)/p n``
+per allgather or reduce-scatter, the token counts not included: a check of the
+layout, made on the raw communicator), whatever algorithm MPI picks.
 """
 import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
+from kernels.comm import raw_comm
+from kernels.comm.counting import CountedCommunication, CountingComm
 from kernels.distribution import block_counts, block_offsets, block_range
 from kernels.errors import InputError
-from kernels.traffic import TrafficCounter
 from parallel.nn.layers import Linear, ReLU, Sequential
 
 
-class CommCounter(TrafficCounter):
-    """A communicator whose collectives count this rank's bytes sent and seconds spent (`kernels.traffic`)."""
+def allgather_rows(counter, local):
+    """Concatenate every rank's row block ``local`` (rows ``block_range(T, p, rank)``) into ``(T, ...)``.
 
-    def allreduce(self, array):
-        """Sum a contiguous ``array`` over the ranks, in place; return it."""
-        with self.timed():
-            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-        self.add("allreduce", array.nbytes)
-        return array
+    One ``Allgatherv`` on ``counter`` (a `CountingComm`), after an ``Allgather`` of
+    the row counts that checks the layout (an `InputError` on every rank
+    otherwise), timed but not counted.
+    """
+    ranks = counter.size
+    counts = np.empty(ranks, dtype=np.int64)
+    with counter.timed():
+        raw_comm(counter).Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
+    total = int(counts.sum())
+    rows, offsets = block_counts(total, ranks), block_offsets(total, ranks)
+    if counts.tolist() != rows:
+        raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
+                         f"block_range layout {rows} of {total} tokens")
+    width = int(np.prod(local.shape[1:]))
+    xp = array_module(local)
+    full = xp.empty((total,) + local.shape[1:], dtype=local.dtype)
+    counter.Allgatherv(xp.ascontiguousarray(local), [full, ([c * width for c in rows], [o * width for o in offsets])])
+    return full
 
-    def _token_counts(self, total):
-        """Rows per rank and first rows of the `block_range` layout of ``total`` tokens."""
-        return block_counts(total, self.comm.size), block_offsets(total, self.comm.size)
 
-    def allgather_rows(self, local):
-        """Concatenate every rank's row block ``local`` (rows ``block_range(T, p, rank)``) into ``(T, ...)``."""
-        with self.timed():
-            counts = np.empty(self.comm.size, dtype=np.int64)
-            self.comm.Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
-            total = int(counts.sum())
-            rows, offsets = self._token_counts(total)
-            if counts.tolist() != rows:
-                raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
-                                 f"block_range layout {rows} of {total} tokens")
-            width = int(np.prod(local.shape[1:]))
-            xp = array_module(local)
-            full = xp.empty((total,) + local.shape[1:], dtype=local.dtype)
-            self.comm.Allgatherv(xp.ascontiguousarray(local),
-                                 [full, ([c * width for c in rows], [o * width for o in offsets])])
-        self.add("allgather", full.nbytes)
-        return full
-
-    def reduce_scatter_rows(self, full):
-        """Sum ``full`` (T, ...) over the ranks and return this rank's rows ``block_range(T, p, rank)``."""
-        with self.timed():
-            rows, _ = self._token_counts(full.shape[0])
-            width = int(np.prod(full.shape[1:]))
-            xp = array_module(full)
-            local = xp.empty((rows[self.comm.rank],) + full.shape[1:], dtype=full.dtype)
-            self.comm.Reduce_scatter(xp.ascontiguousarray(full), local, recvcounts=[c * width for c in rows],
-                                     op=MPI.SUM)
-        self.add("reduce_scatter", full.nbytes)
-        return local
+def reduce_scatter_rows(counter, full):
+    """Sum ``full`` (T, ...) over the ranks of ``counter`` (a `CountingComm`) and return this rank's rows
+    ``block_range(T, p, rank)`` (one ``Reduce_scatter``)."""
+    rows = block_counts(full.shape[0], counter.size)
+    width = int(np.prod(full.shape[1:]))
+    xp = array_module(full)
+    local = xp.empty((rows[counter.rank],) + full.shape[1:], dtype=full.dtype)
+    counter.Reduce_scatter(xp.ascontiguousarray(full), local, recvcounts=[c * width for c in rows], op=MPI.SUM)
+    return local
 
 
 def serial_mlp(hidden, ffn, seed=0, dtype=np.float32):
@@ -108,7 +99,7 @@ def token_shard(comm, tokens):
     return slice(*block_range(tokens, comm.size, comm.rank))
 
 
-class _ParallelLinear(Linear):
+class _ParallelLinear(CountedCommunication, Linear):
     """Shared set-up: build the serial `Linear` from ``rng`` and keep this rank's block of one axis."""
 
     def __init__(self, comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis):
@@ -128,12 +119,7 @@ class _ParallelLinear(Linear):
                          bias=self.params["bias"][bias_block].copy())
         self.comm = comm
         self.sequence_parallel = bool(sequence_parallel)
-        self.counter = counter if counter is not None else CommCounter(comm)
-
-    @property
-    def bytes_sent(self):
-        """Nominal bytes this rank has sent in this layer's exchanges (shared with the block's counter)."""
-        return self.counter.bytes_sent
+        self.counter = counter if counter is not None else CountingComm(comm)
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -151,8 +137,8 @@ class ColumnParallelLinear(_ParallelLinear):
     sequence_parallel : bool
         Input rows sharded by token (allgather forward, reduce-scatter backward)
         instead of replicated (identity forward, allreduce backward).
-    counter : CommCounter, optional
-        Shared counter (a block's layers add into one); a new one by default.
+    counter : kernels.comm.counting.CountingComm, optional
+        ``comm`` counted, shared (a block's layers add into one); a new one by default.
 
     Shapes: ``forward(x)``: ``x`` (T, in) replicated, or (T_r, in) sharded; returns
     (T, out_r). ``backward(dy_local)``: (T, out_r); returns ``dx`` (T, in) summed over
@@ -165,12 +151,12 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x):
         x = x.astype(self.dtype, copy=False)
-        return super().forward(self.counter.allgather_rows(x) if self.sequence_parallel else x)
+        return super().forward(allgather_rows(self.counter, x) if self.sequence_parallel else x)
 
     def backward(self, dy_local):
         partial = super().backward(dy_local.astype(self.dtype, copy=False))
-        return self.counter.reduce_scatter_rows(partial) if self.sequence_parallel else \
-            self.counter.allreduce(partial)
+        return reduce_scatter_rows(self.counter, partial) if self.sequence_parallel else \
+            self.counter.sum_in_place(partial)
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -195,27 +181,13 @@ class RowParallelLinear(_ParallelLinear):
                              f"{self.comm.rank}, got {x_local.shape}")
         self._x = x_local
         partial = x_local @ weight
-        y = self.counter.reduce_scatter_rows(partial) if self.sequence_parallel else self.counter.allreduce(partial)
+        y = reduce_scatter_rows(self.counter, partial) if self.sequence_parallel else self.counter.sum_in_place(partial)
         y += self.params["bias"]
         return y
 
     def backward(self, dy):
         dy = dy.astype(self.dtype, copy=False)
-        return super().backward(self.counter.allgather_rows(dy) if self.sequence_parallel else dy)
-
-
-class CountedCommunication:
-    """Mixin for layers whose ``counter`` (a `CommCounter`) records their communication."""
-
-    @property
-    def bytes_sent(self):
-        """Bytes this rank has sent (what each layer's counter counts; see its module docstring)."""
-        return self.counter.bytes_sent
-
-    @property
-    def comm_seconds(self):
-        """Seconds this rank has spent in communication calls."""
-        return self.counter.seconds
+        return super().backward(allgather_rows(self.counter, dy) if self.sequence_parallel else dy)
 
 
 class ParallelMLP(CountedCommunication, Sequential):
@@ -225,7 +197,7 @@ class ParallelMLP(CountedCommunication, Sequential):
     Linear(ffn, hidden, rng=seed + 1)])`` (`serial_reference`): the first layer's
     weights come from seed ``seed``, the second's from ``seed + 1``. Parameter names
     are the serial block's (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ``"2.bias"``);
-    the arrays are this rank's blocks (``serial_slices``). One `CommCounter` serves
+    the arrays are this rank's blocks (``serial_slices``). One `CountingComm` serves
     both layers: ``bytes_sent`` and ``comm_seconds`` cover the whole block.
 
     Parameters
@@ -247,7 +219,7 @@ class ParallelMLP(CountedCommunication, Sequential):
     def __init__(self, comm, hidden, ffn, seed=0, dtype=np.float32, sequence_parallel=False):
         self.hidden, self.ffn, self.seed, self.dtype = hidden, ffn, seed, np.dtype(dtype)
         self.comm, self.sequence_parallel = comm, bool(sequence_parallel)
-        self.counter = CommCounter(comm)
+        self.counter = CountingComm(comm)
         super().__init__([
             ColumnParallelLinear(comm, hidden, ffn, seed, dtype, sequence_parallel, self.counter), ReLU(),
             RowParallelLinear(comm, ffn, hidden, seed + 1, dtype, sequence_parallel, self.counter)])

@@ -42,7 +42,7 @@ from kernels.backend import array_module
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product
-from svm.distributed.common import ParallelSVC
+from svm.distributed.common import ParallelSVC, allgather_blocks, recv_rows, send_rows
 from svm.solver.smo import DEFAULT_CACHE_BYTES, ConvergenceWarning, bias_from_parts, bias_parts, smo_solve, up_low
 
 INDEX, LABEL, ALPHA, FEATURES = 0, 1, 2, 3  # columns of a packed sample set
@@ -122,10 +122,10 @@ class CascadeSVM(ParallelSVC):
         step = 1
         while step < comm.size:
             if comm.rank % (2 * step) == step:
-                comm.send_rows(model[0], comm.rank - step)
+                send_rows(comm, model[0], comm.rank - step)
                 return None
             if comm.rank + step < comm.size:
-                received = comm.recv_rows(comm.rank + step, own.shape[1], xp=array_module(own))
+                received = recv_rows(comm, comm.rank + step, own.shape[1], xp=array_module(own))
                 model = self._solve(*union(model[0], received))
             step *= 2
         return model
@@ -203,7 +203,7 @@ class CascadeSVM(ParallelSVC):
         F = labels - kernel_product(self.kernel_, own[:, FEATURES:], model[:, FEATURES:],
                                     model[:, LABEL] * model[:, ALPHA])
         parts = np.empty(4 * comm.size)
-        comm.Allgatherv(bias_parts(F, alpha, labels, self.C), parts, [4] * comm.size)
+        allgather_blocks(comm, bias_parts(F, alpha, labels, self.C), parts, [4] * comm.size)
         parts = parts.reshape(comm.size, 4)
         m, M = parts[:, 2].max(), parts[:, 3].min()
         up, low = up_low(alpha, labels, self.C)
@@ -215,8 +215,8 @@ class CascadeSVM(ParallelSVC):
         """Allgatherv every rank's packed rows; return them all (rank order), shape ``(total, width)``."""
         width = rows.shape[1]
         counts = np.empty(comm.size, dtype=np.int64)
-        comm.Allgatherv(np.array([rows.size], dtype=np.int64), counts, [1] * comm.size)
+        allgather_blocks(comm, np.array([rows.size], dtype=np.int64), counts, [1] * comm.size)
         xp = array_module(rows)
         gathered = xp.empty(int(counts.sum()))
-        comm.Allgatherv(xp.ascontiguousarray(rows).ravel(), gathered, counts)
+        allgather_blocks(comm, xp.ascontiguousarray(rows).ravel(), gathered, counts)
         return gathered.reshape(-1, width)

@@ -34,7 +34,7 @@ import numpy as np
 from kernels.backend import array_module
 from kernels.errors import InputError
 from svm.solver.arrays import to_host
-from svm.distributed.common import ParallelSVC
+from svm.distributed.common import ParallelSVC, allgather_blocks
 from svm.distributed.local_models import LocalModels, nearest_centre, neighbour_vote
 from svm.distributed.partition import balanced_partition, check_positive_int, distributed_kmeans
 from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
@@ -120,10 +120,10 @@ class PartitionedSVC(ParallelSVC):
     def _exchange(comm, payload):
         """Allgatherv every rank's payload; return the list of payloads in rank order."""
         lengths = np.empty(comm.size, dtype=np.int64)
-        comm.Allgatherv(np.array([len(payload)], dtype=np.int64), lengths, [1] * comm.size)
+        allgather_blocks(comm, np.array([len(payload)], dtype=np.int64), lengths, [1] * comm.size)
         xp = array_module(payload)
         gathered = xp.empty(int(lengths.sum()))
-        comm.Allgatherv(payload, gathered, lengths)
+        allgather_blocks(comm, payload, gathered, lengths)
         return xp.split(gathered, np.cumsum(lengths)[:-1].tolist())
 
     def _collect(self, X, payloads):

@@ -1,21 +1,21 @@
-"""Shared pieces of the parallel SVMs: a byte-counting communicator and a binary estimator base.
+"""Shared pieces of the parallel SVMs: row and block exchanges and a binary estimator base.
 
-Bytes sent (``bytes_sent_`` of every parallel SVM) are counted by `kernels.traffic`:
-pickled objects (``bcast``, ``allgather``) count their pickle size.
+Bytes sent (``bytes_sent_`` of every parallel SVM) are counted by the
+`kernels.comm.counting.CountingComm` that `ParallelSVC` wraps around ``comm``
+(convention of `kernels.comm.traffic`); the exchanges below take it or any
+communicator.
 
 The estimators compute in the array module of the training samples
 (`kernels.backend.array_module`): pass device (CuPy) arrays, and a ``comm`` from
 `kernels.backend.Backend.comm` that hands device buffers to MPI, and the model
 stays on the device.
 """
-import pickle
-
 import numpy as np
 from mpi4py import MPI
 
 from kernels.backend import array_module
+from kernels.comm.counting import CountingComm
 from kernels.errors import InputError
-from kernels.traffic import TrafficCounter
 from svm.solver.gram import kernel_product, make_kernel
 from svm.solver.smo import check_samples, check_solver_options
 
@@ -25,62 +25,28 @@ def resolve_comm(comm):
     return MPI.COMM_WORLD if comm is None else comm
 
 
-class CountingComm(TrafficCounter):
-    """A communicator wrapper that counts the bytes this rank sends (`kernels.traffic`).
+def allgather_blocks(comm, local, result, counts):
+    """Gather the 1D ``local`` blocks of ``counts[r]`` items of every rank ``r`` into ``result`` (rank order).
 
-    Only the methods below exist, so every transfer is counted; use `add` for a
-    transfer made on ``comm`` directly.
-
-    Parameters
-    ----------
-    comm : MPI.Comm
+    One ``Allgatherv``: ``(p - 1) alpha + (p - 1) / p n beta`` for the ``n``
+    bytes of ``result``.
     """
+    displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+    comm.Allgatherv(local, [result, ([int(c) for c in counts], displs)])
 
-    def __init__(self, comm):
-        super().__init__(comm)
-        self.rank, self.size = comm.rank, comm.size
 
-    def Send(self, array, dest, tag=0):
-        self.add("send", array.nbytes)
-        self.comm.Send(array, dest=dest, tag=tag)
+def send_rows(comm, rows, dest, tag=0):
+    """Send a 2D array as one float64 message to ``dest`` (its row count travels implicitly)."""
+    comm.Send(array_module(rows).ascontiguousarray(rows, dtype=np.float64), dest, tag)
 
-    def Recv(self, array, source, tag=0):
-        self.comm.Recv(array, source=source, tag=tag)
 
-    def Bcast(self, array, root=0):
-        self.add("broadcast", array.nbytes)
-        self.comm.Bcast(array, root=root)
-
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.add("allreduce", recvbuf.nbytes)
-        self.comm.Allreduce(sendbuf, recvbuf, op=op)
-
-    def Allgatherv(self, local, result, counts):
-        """Gather 1D blocks of ``counts[r]`` items from every rank into ``result`` (rank order)."""
-        self.add("allgather", result.nbytes)
-        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        self.comm.Allgatherv(local, [result, ([int(c) for c in counts], displs)])
-
-    def bcast(self, obj, root=0):
-        if self.rank == root:
-            self.add("broadcast", len(pickle.dumps(obj)))
-        return self.comm.bcast(obj, root=root)
-
-    def allgather(self, obj):
-        self.add("allgather", self.size * len(pickle.dumps(obj)))
-        return self.comm.allgather(obj)
-
-    def send_rows(self, rows, dest, tag=0):
-        """Send a 2D float64 array as one message (its row count travels implicitly)."""
-        self.Send(array_module(rows).ascontiguousarray(rows, dtype=np.float64), dest, tag)
-
-    def recv_rows(self, source, width, tag=0, xp=np):
-        """Receive a message of `send_rows` with rows of ``width`` values; return it as ``(k, width)`` in ``xp``."""
-        status = MPI.Status()
-        self.comm.Probe(source=source, tag=tag, status=status)
-        rows = xp.empty((status.Get_count(MPI.DOUBLE) // width, width))
-        self.comm.Recv(rows, source=source, tag=tag)
-        return rows
+def recv_rows(comm, source, width, tag=0, xp=np):
+    """Receive a message of `send_rows` with rows of ``width`` values; return it as ``(k, width)`` in ``xp``."""
+    status = MPI.Status()
+    comm.Probe(source=source, tag=tag, status=status)
+    rows = xp.empty((status.Get_count(MPI.DOUBLE) // width, width))
+    comm.Recv(rows, source, tag)
+    return rows
 
 
 def binary_labels(y, n):
@@ -148,7 +114,7 @@ class ParallelSVC:
 
         Returns
         -------
-        comm : CountingComm
+        comm : kernels.comm.counting.CountingComm
             ``self.comm`` (or COMM_WORLD) with a fresh byte count.
         X : ndarray of shape (n, d), float64
         signs : ndarray of shape (n,)

@@ -30,7 +30,7 @@ from kernels.distribution import block_range
 from kernels.errors import InputError
 from svm.solver.arrays import to_host
 from svm.solver.gram import kernel_product
-from svm.distributed.common import ParallelSVC
+from svm.distributed.common import ParallelSVC, allgather_blocks
 from svm.distributed.local_models import LocalModels
 from svm.distributed.partition import check_positive_int, gather_labels
 from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
@@ -66,7 +66,7 @@ def kernel_kmeans(comm, S, kernel, k, rng, max_iter=30):
 
     Parameters
     ----------
-    comm : CountingComm
+    comm : MPI.Comm or kernels.comm.counting.CountingComm
     S : ndarray of shape (m, d)
         The sample, the same on every rank; rank ``r`` holds the kernel rows
         ``K(S[block_range(m, p, r)], S)`` (``m^2 / p`` values).
@@ -250,7 +250,7 @@ class DCSVM(ParallelSVC):
         payload = xp.concatenate([r.alpha for r in results] + [figures])
         counts = [int(sizes[clusters].sum()) + 2 * len(clusters) for clusters in owned]
         gathered = xp.empty(sum(counts))
-        comm.Allgatherv(payload, gathered, counts)
+        allgather_blocks(comm, payload, gathered, counts)
         new_alpha, bias, n_iter = xp.zeros(len(X)), np.zeros(n_clusters), np.zeros(n_clusters, dtype=np.int64)
         offset = 0
         for clusters in owned:

@@ -42,7 +42,7 @@ from kernels.backend import array_module
 from kernels.distribution import block_counts, block_range
 from svm.solver.arrays import fetch, to_host
 from svm.solver.gram import KernelRowCache
-from svm.distributed.common import CountingComm, ParallelSVC
+from svm.distributed.common import ParallelSVC, allgather_blocks
 from svm.solver.smo import (DEFAULT_CACHE_BYTES, TAU, ConvergenceWarning, SMOResult, up_low, bias_from_parts,
                             check_samples, check_signs, check_solver_options, pair_step)
 
@@ -70,9 +70,8 @@ class _BestCandidates:
     def __call__(self, records):
         """Return the global best of each row of ``records`` (shape (k, RECORD)), the same on every rank."""
         best = np.empty_like(records)
-        self.comm.add("allreduce", records.nbytes)
-        self.comm.comm.Allreduce([records, len(records), self.record_type],
-                                 [best, len(records), self.record_type], op=self.op)
+        self.comm.Allreduce([records, len(records), self.record_type], [best, len(records), self.record_type],
+                            op=self.op)
         return best
 
     def free(self):
@@ -165,7 +164,7 @@ class _BlockSolver:
         free_sum, n_free, objective_twice = total
         bias = bias_from_parts([free_sum, n_free, m, M])
         alpha = xp.empty(len(self.y))
-        self.comm.Allgatherv(self.alpha, alpha, block_counts(len(self.y), self.comm.size))
+        allgather_blocks(self.comm, self.alpha, alpha, block_counts(len(self.y), self.comm.size))
         return SMOResult(alpha, float(bias), n_iter, 0.5 * float(objective_twice), m - M, m - M < self.tol)
 
 
@@ -179,7 +178,7 @@ def dis_smo_solve(comm, X, y, kernel, C=1.0, tol=1e-3, cache_bytes=DEFAULT_CACHE
 
     Parameters
     ----------
-    comm : MPI.Comm or svm.distributed.common.CountingComm
+    comm : MPI.Comm or kernels.comm.counting.CountingComm
         The ranks taking part (a `CountingComm` gets the bytes sent added to its count).
     X, y, kernel, C, tol, cache_bytes, max_iter
         As `svm.solver.smo.smo_solve` (``y`` in {-1, +1}).
@@ -194,8 +193,6 @@ def dis_smo_solve(comm, X, y, kernel, C=1.0, tol=1e-3, cache_bytes=DEFAULT_CACHE
     Cost per iteration: two Allreduces of 96 and 48 bytes and up to two kernel
     rows of n / p entries per rank; at the end one Allgatherv of ``alpha``.
     """
-    if not isinstance(comm, CountingComm):
-        comm = CountingComm(comm)
     X = check_samples(X)
     check_solver_options(C, tol, max_iter)
     xp = array_module(X)

@@ -10,8 +10,8 @@
 
 Routing of queries to the partitions' models lives in `svm.distributed.local_models`.
 
-``comm`` arguments are `svm.distributed.common.CountingComm` wrappers (they count
-``bytes_sent`` by that module's convention). Every rank passes the same data.
+``comm`` arguments are communicators, usually `kernels.comm.counting.CountingComm`
+wrappers (they count ``bytes_sent`` by that module's convention). Every rank passes the same data.
 Points may be device (CuPy) arrays: distances, labels and centres then stay on
 the device; the random draws (k-means++, FCFS order) come from a host NumPy
 generator, as do the capacitated assignment's sequential choices, and read
@@ -24,6 +24,7 @@ import numpy as np
 from kernels.backend import array_module
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
+from svm.distributed.common import allgather_blocks
 from svm.solver.arrays import to_host
 from svm.solver.gram import squared_norms
 
@@ -75,7 +76,7 @@ def gather_labels(comm, local, n):
     """Allgatherv the int64 labels of every rank's block of ``n`` items (in the array module of ``local``)."""
     xp = array_module(local)
     labels = xp.empty(n, dtype=np.int64)
-    comm.Allgatherv(xp.ascontiguousarray(local, dtype=np.int64), labels, block_counts(n, comm.size))
+    allgather_blocks(comm, xp.ascontiguousarray(local, dtype=np.int64), labels, block_counts(n, comm.size))
     return labels
 
 
@@ -95,7 +96,7 @@ def distributed_kmeans(comm, X, k, seed=0, max_iter=100, init=None):
 
     Parameters
     ----------
-    comm : CountingComm
+    comm : MPI.Comm or kernels.comm.counting.CountingComm
     X : ndarray of shape (n, d)
         The full data, the same on every rank; rank ``r`` assigns rows
         ``block_range(n, p, r)`` (``n / p`` rows).

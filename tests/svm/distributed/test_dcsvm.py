@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from kernels.comm.counting import CountingComm
 from kernels.datasets import load_digits
 from kernels.errors import InputError
 from svm.distributed.dcsvm import DCSVM, assign_points, deal_largest_first, kernel_kmeans
 from svm.solver.gram import make_kernel
-from svm.distributed.common import CountingComm
 from svm.distributed.partition import squared_distances
 from svm.solver.smo import smo_solve
 from svm.solver.svc import SVC

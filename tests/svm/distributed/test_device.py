@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 
 from fake_device import fake_device_backend
+from kernels.comm.counting import CountingComm
 from svm.distributed.cascade import CascadeSVM
 from svm.distributed.casvm import CASVM, CPSVM
 from svm.distributed.dcsvm import DCSVM
 from svm.distributed.dis_smo import DisSMO, dis_smo_solve
 from svm.distributed.partition import balanced_partition, distributed_kmeans
-from svm.distributed.common import CountingComm
 from svm.solver.gram import make_kernel
 
 datasets = pytest.importorskip("sklearn.datasets")

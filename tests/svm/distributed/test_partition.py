@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from kernels.comm.counting import CountingComm
 from kernels.errors import InputError
-from svm.distributed.common import CountingComm
 from svm.distributed.partition import (balanced_partition, capacitated_assign, class_capacities, distributed_kmeans,
                            squared_distances)
 

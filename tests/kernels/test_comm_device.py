@@ -1,10 +1,11 @@
-"""`kernels.device_comm.DeviceComm` on the simulated device: every buffer staged, results back on the device."""
+"""`kernels.comm.device.DeviceComm` on the simulated device: every buffer staged, results back on the device."""
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from fake_device import DeviceArray, fake_device_backend
-from kernels.device_comm import StagedRequest, poll_all, wait_all
+from kernels.comm import raw_comm
+from kernels.comm.device import StagedRequest, poll_all, wait_all
 
 pytestmark = pytest.mark.mpi
 
@@ -72,7 +73,7 @@ def test_sub_communicators_stay_device_aware(device):
     half = comm.Split(comm.rank % 2, comm.rank)
     value = _on_device(backend, np.ones(1))
     half.Allreduce(MPI.IN_PLACE, value)
-    assert value.get()[0] == half.size and half == half.comm
+    assert value.get()[0] == half.size and half == raw_comm(half)
     half.Free()
 
 
@@ -80,6 +81,26 @@ def test_persistent_requests_refuse_device_staging(device):
     _, comm = device
     with pytest.raises(TypeError, match="Send_init cannot stage"):
         comm.Send_init
+
+
+@pytest.mark.parametrize("name", ["Alltoallw", "Neighbor_alltoall", "Ineighbor_allgatherv", "Allgather_init",
+                                  "Isendrecv_replace"])
+def test_buffer_calls_it_does_not_stage_are_refused_in_one_line(device, name):
+    _, comm = device
+    with pytest.raises(TypeError, match=f"^DeviceComm does not synchronise or stage {name}: .*raw_comm") as error:
+        getattr(comm, name)
+    assert "\n" not in str(error.value)
+
+
+def test_other_attributes_are_the_communicators_own(device):
+    _, comm = device
+    raw = raw_comm(comm)
+    assert (comm.rank, comm.size, comm.Get_size()) == (raw.rank, raw.size, raw.size)
+    comm.Barrier()
+    assert comm.allgather(comm.rank) == list(range(comm.size))
+    cart = comm.Create_cart([comm.size])
+    assert cart.Get_coords(cart.rank) == [comm.rank] and raw_comm(cart) is not cart
+    cart.Free()
 
 
 def test_host_arrays_pass_unchanged(device):

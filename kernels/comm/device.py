@@ -16,9 +16,13 @@ code path serves the host and the device.
 
 Host arrays given to a `DeviceComm` go to MPI unchanged, and everything that
 is not a buffer call (``rank``, ``Barrier``, ``Get_coords``...) is the wrapped
-communicator's own.
+communicator's own (`kernels.comm.wrapper.CommWrapper`). A buffer call it does
+not stage (``Alltoallw``, ``Neighbor_*``, persistent collectives...) is a
+`TypeError`: MPI would get device buffers nobody synchronised.
 """
 from mpi4py import MPI
+
+from kernels.comm.wrapper import CommWrapper, is_buffer_call, raw_comm
 
 #: Buffer positions of each call: (send arguments, receive arguments), as
 #: (position, keyword) pairs. A buffer is an array or an mpi4py buffer
@@ -46,43 +50,53 @@ _NEW_COMMUNICATORS = ("Split", "Split_type", "Dup", "Create_cart", "Sub", "Creat
 _PERSISTENT = ("Send_init", "Recv_init", "Bsend_init", "Ssend_init", "Rsend_init")
 
 
-class DeviceComm:
+class DeviceComm(CommWrapper):
     """``comm`` for the buffers of a device ``backend`` (a `kernels.backend.Backend`).
 
     Parameters
     ----------
     comm : MPI.Comm
-        The communicator wrapped.
+        The communicator wrapped (``wrapped``).
     backend : Backend
         Gives ``synchronize``, ``device_buffers_to_mpi`` and the host staging.
+
+    Equal to (and hashed as) the mpi4py communicator it wraps.
     """
 
     def __init__(self, comm, backend):
-        self.comm = comm
-        self.backend = backend
+        super().__init__(comm)
+        self._backend = backend
+
+    @property
+    def backend(self):
+        """The device backend whose buffers this communicator synchronises and stages."""
+        return self._backend
 
     def __getattr__(self, name):
         if name in _BUFFERS:
             return lambda *args, **kwargs: self._call(name, args, kwargs)
         if name in _NEW_COMMUNICATORS:
-            return lambda *args, **kwargs: self._wrap(getattr(self.comm, name)(*args, **kwargs))
+            return lambda *args, **kwargs: self._wrap(getattr(self.wrapped, name)(*args, **kwargs))
         if name in _PERSISTENT and not self.backend.device_buffers_to_mpi:
             raise TypeError(f"{name} cannot stage device buffers (the copy would happen once); "
                             f"stage the whole call with Backend.staged")
-        return getattr(self.comm, name)
+        if is_buffer_call(name) and name not in _PERSISTENT:
+            raise TypeError(f"DeviceComm does not synchronise or stage {name}: call it on kernels.comm.raw_comm(comm) "
+                            f"with host buffers, or stage the whole call with Backend.staged")
+        return super().__getattr__(name)
 
     def __eq__(self, other):
-        return self.comm == getattr(other, "comm", other)
+        return raw_comm(self) == raw_comm(other)
 
     def __hash__(self):
-        return hash(self.comm)
+        return hash(raw_comm(self))
 
     def _wrap(self, comm):
         return comm if comm == MPI.COMM_NULL else DeviceComm(comm, self.backend)
 
     def _call(self, name, args, kwargs):
         self.backend.synchronize()
-        method = getattr(self.comm, name)
+        method = getattr(self.wrapped, name)
         if self.backend.device_buffers_to_mpi:
             return method(*args, **kwargs)
         args, kwargs = list(args), dict(kwargs)

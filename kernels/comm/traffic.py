@@ -14,10 +14,10 @@ of ``n`` bytes on ``p`` ranks:
 - nothing at all on one rank. Receiving costs nothing.
 
 Counts are floats (the factors are fractions); `TrafficCounter` adds them up.
+No MPI here: importing this module does not initialise MPI.
 """
 import contextlib
-
-from mpi4py import MPI
+import time
 
 #: nccl-tests bus-bandwidth factors by collective, as functions of the rank count.
 BUS_FACTORS = {
@@ -37,18 +37,19 @@ def bus_bytes(kind, nbytes, ranks):
 
 
 class TrafficCounter:
-    """Bytes this rank has sent (module convention) and seconds spent communicating, on ``comm``.
+    """Bytes this rank has sent (module convention) and seconds spent communicating, among ``ranks`` ranks.
 
     Attributes
     ----------
-    comm : MPI.Comm
+    ranks : int
+        Ranks of the communicator the transfers are on (no transfer counts on one rank).
     bytes_sent : float
     seconds : float
         Wall time inside the calls wrapped by `timed` (waits for other ranks included).
     """
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, ranks):
+        self.ranks = ranks
         self.reset()
 
     def reset(self):
@@ -57,13 +58,13 @@ class TrafficCounter:
 
     def add(self, kind, nbytes):
         """Count a ``kind`` transfer (a key of `BUS_FACTORS`) of ``nbytes``."""
-        self.bytes_sent += bus_bytes(kind, nbytes, self.comm.size)
+        self.bytes_sent += bus_bytes(kind, nbytes, self.ranks)
 
     @contextlib.contextmanager
     def timed(self):
         """Add the wall time of the ``with`` block to `seconds`."""
-        start = MPI.Wtime()
+        start = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds += MPI.Wtime() - start
+            self.seconds += time.perf_counter() - start
