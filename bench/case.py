@@ -21,7 +21,7 @@ from typing import Optional
 
 from bench.settings import resolve
 from kernels.errors import InputError
-from kernels.traffic import BUS_FACTORS
+from kernels.comm.traffic import BUS_FACTORS
 
 @dataclass
 class Metrics:
