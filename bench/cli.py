@@ -144,23 +144,23 @@ def command_run(args, out, err):
         say(format_row(row))
 
     try:
-        wrong = run_sweep(comm, case, config, emit, console.status)
+        result = run_sweep(comm, case, config, emit, console.status)
     except RankError as error:
         if comm.rank == 0:
             err(f"mlscale: error: {error}")
         return EXIT_WRONG
-    for note in config.skipped:
+    for note in result.skipped:
         say(f"# {note}")
-    if comm.rank == 0 and not rows and not config.not_measured:
+    if comm.rank == 0 and not rows and not result.not_measured:
         say(f"# nothing measured: every point is already in {config.csv_path}")
-    if config.not_measured:
-        say(f"# time limit {args.time_limit}: stopped before the next point; {config.not_measured} point(s) "
+    if result.not_measured:
+        say(f"# time limit {args.time_limit}: stopped before the next point; {result.not_measured} point(s) "
             f"not measured (run the same command again to measure them)")
-    if wrong:
+    if result.wrong:
         if comm.rank == 0:
-            err(f"mlscale: {wrong} wrong elements: a check against the serial reference failed")
+            err(f"mlscale: {result.wrong} wrong elements: a check against the serial reference failed")
         return EXIT_WRONG
-    return EXIT_TIME_LIMIT if config.not_measured else EXIT_OK
+    return EXIT_TIME_LIMIT if result.not_measured else EXIT_OK
 
 
 def command_sweep(args, argv):
@@ -245,6 +245,8 @@ def main(argv=None):
     err = _line_writer(sys.stderr)
     try:
         args = build_parser().parse_args(argv)
+        if not (args.command == "run" or getattr(args, "in_job", False)):
+            _without_mpi()
         if args.command == "list":
             return command_list(args, out)
         if args.command == "sweep":
@@ -269,6 +271,15 @@ def main(argv=None):
         return 128 + signal.SIGINT
     except Exception as error:  # noqa: BLE001 - maybe on this rank alone: one line, then abort every rank
         return abort_job(error)
+
+
+def _without_mpi():
+    """Commands that start no MPI job here (``list``, ``report``, ``slurm``; ``sweep`` and ``calibrate`` before
+    they launch one) import mpi4py without initialising MPI: no shared-memory segments, no network probes."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
 
 
 def _line_writer(stream):

@@ -172,8 +172,25 @@ class AgreedInputError(InputError):
 
 #: Errors raised on every rank together: the sweep ends without an abort.
 AGREED = (AgreedInputError, RankError)
-#: How long a rank whose step failed waits for the others to hear of it before it aborts the job.
+#: How long a rank whose step failed waits for the others to hear of it before it aborts the job
+#: (``MLSCALE_GRACE_SECONDS`` sets another: a job whose ranks drift apart by more may want longer).
 AGREE_GRACE_SECONDS = 10.0
+GRACE_VARIABLE = "MLSCALE_GRACE_SECONDS"
+
+
+def grace_seconds(text):
+    """The positive, finite number of seconds ``text`` gives, else None."""
+    try:
+        seconds = float(text)
+    except (TypeError, ValueError):
+        return None
+    return seconds if 0 < seconds < float("inf") else None
+
+
+def agree_grace_seconds():
+    """``MLSCALE_GRACE_SECONDS`` when it is a positive number of seconds (`grace_seconds`), else
+    `AGREE_GRACE_SECONDS` (`bench.settings` warns of a value it cannot use)."""
+    return grace_seconds(os.environ.get(GRACE_VARIABLE)) or AGREE_GRACE_SECONDS
 
 
 def agree(comm, function, *args):
@@ -183,7 +200,7 @@ def agree(comm, function, *args):
     with its message when it was an `InputError`, else a `RankError` naming the
     rank and the error. A failing rank cannot know whether the others will get
     here: they may wait in a collective of ``function`` that it left. It waits
-    `AGREE_GRACE_SECONDS` for them, then ends the job with the same line and
+    `agree_grace_seconds` for them, then ends the job with the same line and
     status (`bench.faults.abort_job`).
 
     Communication: one ``Iallreduce`` of an int; on failure one allgather of the
@@ -199,14 +216,53 @@ def agree(comm, function, *args):
     if failure is None:
         request.Wait()
     else:
-        deadline = time.monotonic() + AGREE_GRACE_SECONDS
-        while not request.Test():
-            if time.monotonic() > deadline:
-                abort_job(caught)
-            time.sleep(1e-3)
+        _wait_or_abort(request, caught, agree_grace_seconds())
     if failed[0]:
         raise agreed_error(next(f for f in comm.allgather(failure) if f))
     return result
+
+
+#: How long a rank whose timed work failed waits to see the same failure on every rank (`failing_together`).
+TOGETHER_SECONDS = 2.0
+
+
+class failing_together:
+    """Context manager for timed work on ``comm``: an error raised there on every rank is raised on every rank
+    as the lowest rank's agreed error (one line from rank 0, as `agree` gives); on some ranks alone (the others
+    wait in a collective of the work) the failing rank ends the job (`abort_job`) after `TOGETHER_SECONDS`.
+
+    The work itself pays nothing: a duplicate of ``comm`` (made on entry, freed on exit, collective) carries
+    the failing ranks' agreement, so it never meets the work's own collectives. Communication on failure: one
+    ``Iallreduce`` of an int among the failing ranks, one allgather of the messages when all failed.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __enter__(self):
+        self.faults = self.comm.Dup()
+        return self
+
+    def __exit__(self, kind, error, trace):
+        faults, self.faults = self.faults, None
+        if error is None or not isinstance(error, Exception):
+            faults.Free()
+            return False
+        failure = failure_of(error, self.comm.rank)
+        everyone = np.zeros(1, dtype=np.intc)
+        _wait_or_abort(faults.Iallreduce(np.ones(1, dtype=np.intc), everyone), error, TOGETHER_SECONDS)
+        failures = faults.allgather(failure)
+        faults.Free()
+        raise agreed_error(failures[0]) from error
+
+
+def _wait_or_abort(request, error, seconds):
+    """Complete ``request``, or end the job with ``error`` (`abort_job`) once ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            abort_job(error)
+        time.sleep(1e-3)
 
 
 def failure_of(error, rank):

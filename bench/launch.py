@@ -2,8 +2,11 @@
 
 The job runs in its own process group with stdin closed; SIGINT, SIGTERM and
 SIGHUP sent to mlscale are forwarded to it, so that Ctrl-C or a ``kill`` of the
-``mlscale sweep`` process stops ``mpiexec`` and its ranks too.
+``mlscale sweep`` process stops ``mpiexec`` and its ranks too. A SIGKILL of mlscale
+(as the OOM killer sends) cannot be forwarded: on Linux the launcher is started with
+``PR_SET_PDEATHSIG``, so it gets SIGTERM when mlscale dies and ends its ranks.
 """
+import ctypes
 import os
 import shutil
 import signal
@@ -103,7 +106,8 @@ def run_forwarding_signals(command):
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     try:
         try:
-            child.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True))
+            child.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_ends_with(os.getpid())))
         except OSError as error:
             raise InputError(f"cannot start {command[0]}: {error.strerror}") from None
         for signum in received:
@@ -116,6 +120,23 @@ def run_forwarding_signals(command):
     if received:
         return 128 + received[0]
     return 128 - status if status < 0 else status
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _ends_with(parent):
+    """A ``preexec_fn`` that has the kernel send SIGTERM to the child when ``parent`` dies (Linux;
+    elsewhere None: only forwarded signals stop the job)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arrange():
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request: nobody would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
 
 
 def _signal_group(process, signum):

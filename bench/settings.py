@@ -29,7 +29,10 @@ from kernels.errors import InputError
 PREFIX = "MLSCALE_"
 
 #: Variables that steer the harness itself rather than what a suite computes.
-HARNESS_VARIABLES = ("MLSCALE_MPIEXEC", "MLSCALE_DEBUG", "MLSCALE_CUDA_AWARE")
+HARNESS_VARIABLES = ("MLSCALE_MPIEXEC", "MLSCALE_DEBUG", "MLSCALE_CUDA_AWARE", "MLSCALE_GRACE_SECONDS")
+#: The first word of the settings of every registered suite (``DP`` of ``MLSCALE_DP_MODEL``; ``GRID`` is a
+#: whole name): another suite's variable is not read, a name under none of them is a typo (tests check the list).
+SUITE_PREFIXES = ("ATTN", "CONV", "DP", "GEMM", "GRID", "HYBRID", "MOE", "PP", "PS", "SVM", "TP")
 
 
 def choice(variable, text, allowed):
@@ -170,8 +173,13 @@ class Settings(Mapping):
 
 
 def _suggestion(name, names):
-    close = difflib.get_close_matches(name, names, n=1)
-    return f"; did you mean {close[0]}?" if close else ""
+    """``; did you mean X?`` for the closest of ``names`` to ``name``, compared without ``MLSCALE_``."""
+    def bare(text):
+        return text[len(PREFIX):] if text.startswith(PREFIX) else text
+
+    by_bare = {bare(other): other for other in names}
+    close = difflib.get_close_matches(bare(name), list(by_bare), n=1)
+    return f"; did you mean {by_bare[close[0]]}?" if close else ""
 
 
 def _parse_assignments(assignments, declared, suite):
@@ -192,12 +200,31 @@ def _parse_assignments(assignments, declared, suite):
 
 
 def _stray_variables(declared, environ, suite):
-    """Warnings for ``MLSCALE_<PREFIX>_*`` variables of this suite's prefixes that it does not declare."""
+    """Warnings for ``MLSCALE_<PREFIX>_*`` variables of this suite's prefixes that it does not declare, for
+    ``MLSCALE_*`` names under no suite's prefix nor the harness's, and for a harness value it cannot use."""
     variables = [setting.variable for setting in declared]
     prefixes = {PREFIX + setting.name.split("_")[0] + "_" for setting in declared if "_" in setting.name}
-    return [f"{name} is not a setting of suite {suite!r}: ignored{_suggestion(name, variables)}"
-            for name in sorted(environ) if name not in variables and name not in HARNESS_VARIABLES
-            and any(name.startswith(prefix) for prefix in prefixes)]
+    words = set(SUITE_PREFIXES) | {setting.name.split("_")[0] for setting in declared}
+    known = sorted(set(variables) | set(HARNESS_VARIABLES) | {PREFIX + word for word in words})
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith(PREFIX) or name in variables or name in HARNESS_VARIABLES:
+            continue
+        if any(name.startswith(prefix) for prefix in prefixes):
+            warnings.append(f"{name} is not a setting of suite {suite!r}: ignored{_suggestion(name, variables)}")
+        elif name[len(PREFIX):].split("_")[0] not in words:
+            warnings.append(f"{name} is not a variable of mlscale: ignored{_suggestion(name, known)}")
+    return warnings + _harness_problems(environ)
+
+
+def _harness_problems(environ):
+    """Warnings for harness variables whose value cannot be used."""
+    from bench.faults import AGREE_GRACE_SECONDS, GRACE_VARIABLE, grace_seconds
+
+    text = environ.get(GRACE_VARIABLE)
+    if text is None or grace_seconds(text) is not None:
+        return []
+    return [f"{GRACE_VARIABLE}={text!r}: expected a positive number of seconds; {AGREE_GRACE_SECONDS:g} used"]
 
 
 def resolve(declared, assignments=(), environ=None, suite=""):

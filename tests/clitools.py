@@ -1,6 +1,7 @@
 """Running the command line as a user would, for the end-to-end tests."""
 import csv
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -18,13 +19,18 @@ def command(*args, ranks=None):
     return launcher + [sys.executable, "-m", "bench.cli", *args]
 
 
-def mlscale(*args, ranks=None, timeout=TIMEOUT, **environment):
-    """Run ``mlscale ARGS`` (under ``mpiexec -n RANKS`` when given) with extra environment variables.
+def mlscale(*args, ranks=None, timeout=TIMEOUT, file_size_limit=None, **environment):
+    """Run ``mlscale ARGS`` (under ``mpiexec -n RANKS`` when given) with extra environment variables
+    (and at most ``file_size_limit`` bytes per file written, ``ulimit -f``, when given).
 
     Returns ``(exit status, stdout, stderr)``; a launch that outlives ``timeout`` fails the test.
     """
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
     done = subprocess.run(command(*args, ranks=ranks), cwd=ROOT, env=dict(os.environ, **environment),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit if file_size_limit else None)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -133,3 +133,14 @@ class SlowSetup(TinyCase):
 
         time.sleep(self.SECONDS)
         return comm
+
+
+class HangsAfterTheFirstPoint(TinyCase):
+    """Sizes after the first sleep in set-up for good: a job that only a signal ends."""
+
+    def setup(self, comm, size, variant, backend, dtype):
+        import time
+
+        while size > 1:
+            time.sleep(0.1)
+        return comm

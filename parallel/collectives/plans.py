@@ -57,15 +57,21 @@ def _comm_freed(comm, keyval, entries):
     return MPI.SUCCESS
 
 
-_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_comm_freed)
+_KEYVALS = []  # the attribute's keyval, made at first use (importing this module must not need MPI running)
 _COMMS = {}  # id(_CommEntries) -> _CommEntries: communicators carrying the attribute
 
 
+def _keyval():
+    if not _KEYVALS:
+        _KEYVALS.append(MPI.Comm.Create_keyval(delete_fn=_comm_freed))
+    return _KEYVALS[0]
+
+
 def _comm_entries(comm):
-    entries = comm.Get_attr(_KEYVAL)
+    entries = comm.Get_attr(_keyval())
     if entries is None:
         entries = _CommEntries(comm)
-        comm.Set_attr(_KEYVAL, entries)
+        comm.Set_attr(_keyval(), entries)
         _COMMS[id(entries)] = entries
     return entries
 
@@ -106,7 +112,7 @@ def _release_before_finalize():
     if not MPI.Is_finalized():
         for entries in list(_COMMS.values()):
             if entries.comm != MPI.COMM_NULL:
-                entries.comm.Delete_attr(_KEYVAL)
+                entries.comm.Delete_attr(_keyval())
     _COMMS.clear()
 
 

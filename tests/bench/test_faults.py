@@ -27,8 +27,11 @@ def mlscale_lines(err):
     ("SetupFailsBeforeASplit", 1, "mlscale: error: rank 2: ValueError: setup on purpose"),
 ])
 def test_an_error_on_one_rank_ends_every_rank_with_one_line(case, status, line, tmp_path):
+    """Where the others wait in a collective the failing rank left, it aborts after the grace (2 s here, not
+    the default 10 s); where they reach the agreement, every rank raises: the same line and status either way."""
     path = str(tmp_path / "x.csv")
-    code, _, err = mlscale("run", f"tests.fake_cases:{case}", "--csv", path, ranks=3, timeout=PROMPT)
+    code, _, err = mlscale("run", f"tests.fake_cases:{case}", "--csv", path, ranks=3, timeout=PROMPT,
+                           MLSCALE_GRACE_SECONDS="2")
     assert (code, err.strip()) == (status, line)
     assert rows_of(path) == []
 
@@ -89,16 +92,33 @@ def test_ctrl_c_to_the_sweeps_process_group_prints_one_line(tmp_path):
     assert_whole_rows(path)
 
 
-def test_sigterm_to_the_sweep_stops_mpiexec_and_its_ranks(tmp_path):
-    path = str(tmp_path / "a.csv")
-    process = start("sweep", *ALLREDUCE, "--np", "2", "--csv", path)
-    code, err = _interrupt(process, path, lambda p: p.send_signal(signal.SIGTERM))
+def _job_left_running(path):
+    """The processes still naming ``path`` once they had `TIMEOUT` seconds to end (killed, then returned)."""
     deadline = time.monotonic() + TIMEOUT
     while processes_mentioning(path) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = processes_mentioning(path)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    assert left == []
+    return left
+
+
+def test_sigterm_to_the_sweep_stops_mpiexec_and_its_ranks(tmp_path):
+    path = str(tmp_path / "a.csv")
+    process = start("sweep", *ALLREDUCE, "--np", "2", "--csv", path)
+    code, err = _interrupt(process, path, lambda p: p.send_signal(signal.SIGTERM))
+    assert _job_left_running(path) == []
     assert (code, err.strip()) == (143, "mlscale: interrupted by SIGTERM; rows already written are complete")
+    assert_whole_rows(path)
+
+
+def test_sigkill_of_the_sweep_alone_still_ends_mpiexec_and_its_ranks(tmp_path):
+    """As the OOM killer ends it: only the mlscale process, which can forward nothing."""
+    path = str(tmp_path / "a.csv")
+    process = start("sweep", "tests.fake_cases:HangsAfterTheFirstPoint", "--sizes", "1,2", "--np", "2",
+                    "--csv", path)
+    wait_for_rows(path, 1, process)
+    process.kill()
+    process.communicate(timeout=PROMPT)
+    assert _job_left_running(path) == []
     assert_whole_rows(path)
