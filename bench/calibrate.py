@@ -239,7 +239,7 @@ def _hand_written_call_seconds():
 
 
 def _window():
-    from bench.cases.p2p import WINDOW
+    from bench.models.p2p import WINDOW
 
     return WINDOW
 

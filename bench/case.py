@@ -11,14 +11,18 @@ methods. The harness calls them in this order for every measured point::
 
 ``comm`` is the sub-communicator of the ranks taking part; ``size`` is the problem
 size the point runs (for weak scaling already grown with the rank count, see
-`Case.problem_size`). The state is whatever `setup` returns; `metrics` reads the
-point's size, rank count and data type from it, so a case keeps no state itself.
+`bench.models.base.Model.problem_size`). The state is whatever `setup` returns;
+`metrics` reads the point's size, rank count and data type from it, so a case keeps
+no state itself. A suite's cost and memory models and the facts the report needs
+(name, variants, size unit, settings) live in its model, ``bench/models/<suite>.py``;
+the case names it as ``model_class``.
 """
 import math
 import os
 from dataclasses import dataclass
 from typing import Optional
 
+from bench.models.base import FACTS, default_model
 from bench.settings import resolve
 from kernels.errors import InputError
 from kernels.comm.traffic import BUS_FACTORS
@@ -82,9 +86,17 @@ class Case:
         The backends the suite runs on (`kernels.backend.BACKENDS` names), shown by
         ``mlscale list``; a run on another one is refused before anything starts.
 
+    model_class : type
+        The suite's `bench.models.base.Model` subclass; a case that names one takes
+        the model's facts (`bench.models.base.FACTS`: name, variants, size_unit,
+        declared_settings and the variant notes) unless it sets them itself. None
+        for a custom case, whose model is `bench.models.base.default_model`.
+
     A case receives the resolved settings when it is made: ``Case(settings)``, a
     `bench.settings.Settings` mapping (name -> value) kept as ``self.settings``;
-    without one, they are read from the ``MLSCALE_*`` environment variables.
+    without one, they are read from the ``MLSCALE_*`` environment variables. Its
+    ``model`` is its model made with the same settings (what the harness asks for
+    problem sizes and memory).
     """
 
     name = ""
@@ -101,9 +113,18 @@ class Case:
     host_only_variants = {}
     device_only_variants = {}
     backends = ("numpy", "cupy")
+    model_class = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "model_class" in cls.__dict__:
+            for fact in FACTS:
+                if fact not in cls.__dict__:
+                    setattr(cls, fact, getattr(cls.model_class, fact))
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings
+        self.model = self.model_class(self.settings) if self.model_class else default_model(self)
 
     def unavailable(self, comm, variant, backend):
         """Why ``variant`` cannot run on ``backend`` here (one line), or None when it can.
@@ -118,28 +139,8 @@ class Case:
         return reasons.get(variant)
 
     def check_ranks(self, ranks, variant):
-        """Raise `InputError` when ``variant`` cannot run on ``ranks`` ranks."""
-
-    def problem_size(self, size, ranks, scaling):
-        """The size a point runs: ``size`` (strong) or grown so work per rank stays fixed (weak).
-
-        The default weak rule multiplies by the rank count; cases whose work is not
-        linear in ``size`` (GEMM: n^3) override it.
-        """
-        return size if scaling == "strong" else size * ranks
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """Estimated peak bytes that the busiest rank allocates for one point (within about 2x).
-
-        ``problem`` is the size after `problem_size`; ``check``: whether `check` runs
-        (its serial reference is often the largest allocation). Counts the arrays of
-        `setup`, `run` and `check`, not the process itself (the harness adds
-        `bench.resources.RANK_BASELINE_BYTES`), so that `bench.resources` can refuse a
-        point that cannot fit a node before anything runs. The default assumes an
-        input and an output of ``problem`` bytes when ``size_unit`` is ``bytes``, and
-        nothing otherwise; every suite whose memory grows with the size overrides it.
-        """
-        return 2 * problem if self.size_unit == "bytes" else 0
+        """Raise `InputError` when ``variant`` cannot run on ``ranks`` ranks (the model's rule, by default)."""
+        self.model.check_ranks(ranks, variant)
 
     def iterations(self, size):
         """Default ``(iters, warmup)`` for a point of this size."""
@@ -163,14 +164,6 @@ class Case:
 
     def teardown(self, state):
         """Release what `setup` made that outlives the point (communicators); called on every rank."""
-
-    def predict(self, variant, size, ranks, calib):
-        """Modelled seconds of one run from the constants ``calib`` (see `bench.report.model`; terms
-        in `bench.families.costs`), or None when the suite declares no cost model for ``variant``.
-        ``size`` is the problem size (after `problem_size`). The report adds the point's
-        ``point_dtype``, ``point_ranks`` and recorded ``point_params`` (a dict; a projection gets a measured
-        row's) to ``calib``."""
-        return None
 
     def params(self, state):
         """Extra settings of a point worth recording (a dict), written to the CSV's ``params``."""

@@ -1,9 +1,9 @@
 """What a sweep asks of a node (memory, cores), checked before anything is measured.
 
-Every suite estimates the bytes its busiest rank allocates for a point
-(`bench.case.Case.memory_bytes`); a node needs, for each point, that much for
-each of the point's ranks it hosts plus `RANK_BASELINE_BYTES` for every rank it
-hosts (the interpreter, NumPy, MPI). A point that needs more than the node has
+Every suite's model estimates the bytes its busiest rank allocates for a point
+(`bench.models.base.Model.memory_bytes`, asked through the case's ``model``); a node
+needs, for each point, that much for each of the point's ranks it hosts plus
+`RANK_BASELINE_BYTES` for every rank it hosts (the interpreter, NumPy, MPI). A point that needs more than the node has
 (`node_memory`: MemAvailable, the cgroup limit) is an `InputError` naming the
 need and the node's memory, before the job starts where possible (``sweep``) and
 else before the first point (``run``, where every rank agrees); ``--force``
@@ -91,8 +91,8 @@ def node_need(case, config, ranks_on_node):
             except InputError:
                 continue
             for size in config.sizes:
-                problem = case.problem_size(size, ranks, config.scaling)
-                per_rank = case.memory_bytes(problem, ranks, variant, config.dtype, config.check)
+                problem = case.model.problem_size(size, ranks, config.scaling)
+                per_rank = case.model.memory_bytes(problem, ranks, variant, config.dtype, config.check)
                 need = baseline + ranks_on_node(ranks) * per_rank
                 if need > worst[0]:
                     worst = (need, f"{case.name} {variant} size {size} on {ranks} rank(s) needs about "

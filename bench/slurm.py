@@ -107,10 +107,10 @@ def check_job_sizes(args, node_counts, tasks_per_node):
             raise InputError(f"--ranks {args.ranks} asks for more ranks than the job of {shape}")
         case, config = make_config(args, job_size)
         try:
-            plan_points(case, config)
+            _, skipped = plan_points(case, config)
         except InputError as error:
             raise InputError(f"suite {case.name!r} cannot run on {shape}: {error}") from None
-        notes += [f"N{nodes}: {note}" for note in config.skipped]
+        notes += [f"N{nodes}: {note}" for note in skipped]
     return case, notes
 
 

@@ -53,12 +53,35 @@ class SweepConfig:
     check: bool = True
     variants_named: bool = False
     time_limit: Optional[float] = None
+
+
+@dataclass
+class SweepResult:
+    """What one `run_sweep` did, for the command line to report.
+
+    Attributes
+    ----------
+    wrong : int
+        Wrong elements the checks found on every rank (0: all valid, or checks off).
+    skipped : list of str
+        One note per thing left out: a ``(ranks, variant)`` pair the case cannot run,
+        a variant the backend cannot run, a placement the provenance could not confirm.
+    not_measured : int
+        Points ``--time-limit`` left out (the sweep stopped before them).
+    """
+
+    wrong: int = 0
     skipped: List[str] = field(default_factory=list)
-    not_measured: int = 0  # points left out by time_limit (set by run_sweep)
+    not_measured: int = 0
+
+    def note(self, text):
+        """Add the note ``text`` once."""
+        if text not in self.skipped:
+            self.skipped.append(text)
 
 
 def plan_points(case, config):
-    """Return the ``(ranks, variant)`` pairs to run; drop impossible ones or raise.
+    """Return the ``(ranks, variant)`` pairs to run and the notes on those skipped; drop impossible ones or raise.
 
     A pair the case cannot run (a square grid on 3 ranks, say) is skipped with a
     note; a variant named with ``--variants`` that runs at no rank count, or a plan
@@ -70,14 +93,14 @@ def plan_points(case, config):
         raise InputError(f"suite {case.name!r} runs dtype {' or '.join(case.dtypes)}, not {config.dtype!r}")
     if config.backend not in case.backends:
         raise InputError(f"suite {case.name!r} runs on backend {' or '.join(case.backends)}, not {config.backend!r}")
-    plan, refusals = [], {}
+    plan, refusals, notes = [], {}, []
     for ranks in config.ranks:
         for variant in config.variants:
             try:
                 case.check_ranks(ranks, variant)
             except InputError as error:
                 refusals.setdefault(variant, str(error))
-                config.skipped.append(f"skipped {variant} on {ranks} ranks: {error}")
+                notes.append(f"skipped {variant} on {ranks} ranks: {error}")
                 continue
             plan.append((ranks, variant))
     if config.variants_named:
@@ -86,22 +109,24 @@ def plan_points(case, config):
                 raise InputError(refusals[variant])
     if not plan:
         raise InputError(next(iter(refusals.values())))
-    return plan
+    return plan, notes
 
 
 def run_sweep(comm, case, config, emit, show=None):
-    """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``.
+    """Measure every planned point; rank 0 appends CSV rows and calls ``emit(row)``; return a `SweepResult`.
 
     Before each point rank 0 calls ``show(line)`` with its ``[k/N]`` line and the
     time left (`bench.progress.Progress`); when ``config.time_limit`` says the next
-    point would end past it, every rank stops there and ``config.not_measured``
-    counts the points left out. Returns the total number of wrong elements found
-    by the checks (0 when all points are valid or checks are off). Every rank of ``comm`` must call this.
+    point would end past it, every rank stops there and the result's ``not_measured``
+    counts the points left out. The result also holds the wrong elements the checks
+    found and the notes on what was skipped (all of them on rank 0, which takes part in
+    every rank count). Every rank of ``comm`` must call this.
     Raises an `AGREED` error on every rank together, or aborts the job when a rank
     fails alone (see the module's docstring).
     """
     config.variants = parse_variants(case, ",".join(config.variants))
-    plan = plan_points(case, config)
+    plan, skipped = plan_points(case, config)
+    result = SweepResult(skipped=skipped)
     results, error = None, None
     if comm.rank == 0:
         try:
@@ -117,26 +142,26 @@ def run_sweep(comm, case, config, emit, show=None):
                   for variant in [v for r, v in plan if r == ranks] for size in config.sizes]
         progress = Progress(points, show or (lambda line: None), config.time_limit, size_label=format_size)
     try:
-        return _measure_plan(comm, case, config, plan, results, emit, progress)
+        _measure_plan(comm, case, config, plan, results, emit, progress, result)
     finally:
         if results is not None:
             results.close()
+    return result
 
 
-def _measure_plan(comm, case, config, plan, results, emit, progress):
-    """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count;
-    stop after the rank count where ``progress`` (rank 0's) said stop."""
+def _measure_plan(comm, case, config, plan, results, emit, progress, result):
+    """Measure the ``(ranks, variant)`` pairs of ``plan``, one sub-communicator per rank count, into
+    ``result``; stop after the rank count where ``progress`` (rank 0's) said stop."""
     backend = agree(comm, get_backend, config.backend, comm)
     library = mpi_library()
     device = agree(comm, device_description, backend)
-    wrong_total = 0
     for ranks in sorted({r for r, _ in plan}):
         sub = comm.Split(0 if comm.rank < ranks else MPI.UNDEFINED, comm.rank)
         failure = None
         if sub != MPI.COMM_NULL:
             try:
-                wrong_total += _measure_rank_count(sub, case, config, backend, results, (library, device),
-                                                   [v for r, v in plan if r == ranks], emit, progress)
+                result.wrong += _measure_rank_count(sub, case, config, backend, results, (library, device),
+                                                    [v for r, v in plan if r == ranks], emit, progress, result)
             except AGREED as error:  # raised on every rank of sub
                 failure = ("input" if isinstance(error, InputError) else "rank", str(error))
             except Exception as error:  # noqa: BLE001 - this rank alone: the others wait in a collective
@@ -145,24 +170,24 @@ def _measure_plan(comm, case, config, plan, results, emit, progress):
             finally:
                 sub.Free()
         sleeping_barrier(comm)
-        failure, config.not_measured = comm.bcast((failure, progress.not_measured if progress else 0), root=0)
+        failure, result.not_measured = comm.bcast((failure, progress.not_measured if progress else 0), root=0)
         if failure:
             raise agreed_error(failure)  # rank 0 is in every sub-communicator
-        if config.not_measured:
+        if result.not_measured:
             break
-    return wrong_total
 
 
-def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit, progress):
+def _measure_rank_count(sub, case, config, backend, results, provenance, variants, emit, progress, result):
     """Measure every point of ``variants`` x sizes on ``sub`` (``provenance``: MPI library and device
-    of the rows) until ``progress`` says stop; return the wrong elements found."""
+    of the rows) until ``progress`` says stop; note what is skipped in ``result``; return the wrong
+    elements found."""
     where = placement(sub)
-    if where.note and where.note not in config.skipped:
-        config.skipped.append(where.note)
+    if where.note:
+        result.note(where.note)
     threads = config.threads or max(1, (os.cpu_count() or 1) // where.ranks_here)
     settings = agree(sub, case.settings.column)
     wrong_total = 0
-    available = _available(sub, case, config, backend, variants)
+    available = _available(sub, case, config, backend, variants, result)
     if progress:
         progress.drop(sub.size, set(variants) - set(available))
     for variant in available:
@@ -188,12 +213,12 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
     return wrong_total
 
 
-def _available(sub, case, config, backend, variants):
+def _available(sub, case, config, backend, variants, result):
     """The variants of ``variants`` that ``case`` can run on ``backend`` with the ranks of ``sub``.
 
     `bench.case.Case.unavailable` is asked on every rank (it is collective); rank 0's
-    answer counts. A variant it refuses is skipped with a note, or, when the variants
-    were named (``--variants``), refused on every rank with an `AgreedInputError`.
+    answer counts. A variant it refuses is skipped with a note in ``result``, or, when the
+    variants were named (``--variants``), refused on every rank with an `AgreedInputError`.
     """
     kept = []
     for variant in variants:
@@ -203,8 +228,8 @@ def _available(sub, case, config, backend, variants):
             kept.append(variant)
         elif config.variants_named:
             raise AgreedInputError(f"variant {variant!r} cannot run on {config.backend}: {reason}")
-        elif note not in config.skipped:
-            config.skipped.append(note)
+        else:
+            result.note(note)
     return kept
 
 
@@ -253,8 +278,9 @@ def _torn_down(sub, case, state):
 
 
 def _prepare(sub, case, config, backend, variant, size):
-    """The point's problem size, iterations, warm-up runs (>= `DEVICE_WARMUP` on a device), `case.setup`'s state."""
-    problem = case.problem_size(size, sub.size, config.scaling)
+    """The point's problem size (the suite's model), iterations, warm-up runs (>= `DEVICE_WARMUP` on a device),
+    `case.setup`'s state."""
+    problem = case.model.problem_size(size, sub.size, config.scaling)
     default_iters, default_warmup = case.iterations(problem)
     iters = config.iters or default_iters
     warmup = default_warmup if config.warmup is None else config.warmup

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, bandwidth_metrics
-from bench.families import costs
+from bench.models.allreduce import AllreduceModel
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
 from parallel.collectives.nccl import NcclAllreduce, unavailable_reason
@@ -36,11 +36,8 @@ class _State:
 
 
 class Allreduce(Case):
-    name = "allreduce"
+    model_class = AllreduceModel
     benchmark = "allreduce"
-    variants = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS) + ("nccl",)
-    device_only_variants = {"nccl": "NCCL sums device buffers only (--backend cupy)"}
-    size_unit = "bytes"
     size_help = "message size in bytes per rank (out of place, SUM)"
     default_sizes = "8:16M"
     metrics_help = "algbw = size / time; busbw = algbw * 2(p-1)/p (nccl-tests), GB/s"
@@ -51,9 +48,6 @@ class Allreduce(Case):
                    "summation gives the exact sum the check expects. On GPUs, nccl is the library reference "
                    "(NCCL through CuPy, one GPU per rank, bootstrapped over MPI; the others pass device buffers to "
                    "MPI through host staging unless MPI is CUDA-aware).")
-
-    def problem_size(self, size, ranks, scaling):
-        return size
 
     def iterations(self, size):
         return (50, 5) if size <= (1 << 20) else (20, 3)
@@ -97,20 +91,6 @@ class Allreduce(Case):
 
     def metrics(self, state, seconds):
         return bandwidth_metrics("allreduce", state.recv.nbytes, state.comm.size, seconds)
-
-    def predict(self, variant, size, ranks, calib):
-        """`bench.families.costs.allreduce` of ``size`` bytes by ``variant`` on ``ranks`` ranks, plus the
-        Python call of the run (one rank: a copy)."""
-        if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
-            return None
-        return calib["overhead_s"] + costs.allreduce(calib, size, ranks, variant)
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """Send and receive buffers of ``problem`` bytes, one more for the algorithm's scratch on
-        several ranks; the check draws each rank's input as int64, then sums them."""
-        scratch = problem if ranks > 1 else 0
-        reference = 8 * (problem // np.dtype(dtype).itemsize) + (3 if ranks > 1 else 1) * problem
-        return 2 * problem + scratch + (reference if check else 0)
 
 
 def _mpi_allreduce(comm, send, recv):

@@ -14,7 +14,7 @@ tokens, arrays (heads, seq, dim) as in `parallel.nn.attention`. Variants:
 - ``ulysses``: `parallel.sequence.ulysses` (any ``n``; heads must divide by the rank count,
   else the point is skipped in a sweep, or an `InputError` when the variant is named).
 
-Settings (`SETTINGS`, all recorded in params): heads, head dim, causal mask,
+Settings (`bench.models.attention.SETTINGS`, all recorded in params): heads, head dim, causal mask,
 backward pass, and the query rows and keys per score tile (default
 `parallel.nn.attention.TILES`); the ring variants also stream their last key / value
 block in pieces of ``ATTN_KEY_TILE`` tokens.
@@ -50,12 +50,11 @@ from typing import Optional
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.settings import Setting, flag, integer
 from bench.faults import sleeping_barrier
+from bench.models.attention import AttentionModel
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.nn.attention import (TILES, AttentionStats, attention_backward, attention_forward,
+from parallel.nn.attention import (AttentionStats, attention_backward, attention_forward,
                                 blockwise_attention_backward, blockwise_attention_forward, output_delta)
 from parallel.sequence.ring_attention import ring_attention_backward, ring_attention_forward, sequence_spans
 from parallel.sequence.ulysses import ulysses_attention_backward, ulysses_attention_forward
@@ -64,22 +63,6 @@ SEED = 2024
 TOKEN_BLOCK = 512
 CHECK_ROWS = 32
 TOLERANCES = {"float64": 1e-9, "float32": 2e-3}
-
-
-SETTINGS = (
-    Setting("ATTN_HEADS", integer, 4, 1, "attention heads"),
-    Setting("ATTN_DIM", integer, 64, 1, "head dimension"),
-    Setting("ATTN_CAUSAL", flag, False, None, "1: causal mask"),
-    Setting("ATTN_BACKWARD", flag, False, None, "1: forward and backward pass (0: forward only)"),
-    Setting("ATTN_TILE", integer, TILES[0], 1, "query rows per score tile"),
-    Setting("ATTN_KEY_TILE", integer, TILES[1], 1, "keys per score tile (and per piece of the ring's last block)"),
-)
-
-
-def read_settings(settings):
-    """The suite's settings as the state keeps them (heads, dim, causal, backward, tiles)."""
-    return dict(heads=settings["ATTN_HEADS"], dim=settings["ATTN_DIM"], causal=settings["ATTN_CAUSAL"],
-                backward=settings["ATTN_BACKWARD"], tiles=(settings["ATTN_TILE"], settings["ATTN_KEY_TILE"]))
 
 
 def draw_tokens(spans, heads, dim, dtype):
@@ -144,10 +127,8 @@ def _backward(state, q, k, v, out, lse, dout):
 
 
 class Attention(Case):
-    name = "attention"
+    model_class = AttentionModel
     benchmark = "attention"
-    variants = ("full", "ring", "ring_zigzag", "ulysses")
-    size_unit = "tokens"
     size_help = "sequence length in tokens (weak: per rank); one run = attention forward (+ backward) over it"
     default_sizes = "1K:8K"
     metrics_help = ("items_per_s = tokens/s; metric imbalance (causal: max/mean per-rank compute time) or "
@@ -157,15 +138,10 @@ class Attention(Case):
                    "ring attention (contiguous or zig-zag blocks, key / value blocks passed round the ring with an "
                    "online softmax) and Ulysses (all-to-all from sequence to head shards). Forward, optionally "
                    "backward, optionally causal; the check compares sampled rows with a dense float64 reference.")
-    declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        self.config = read_settings(self.settings)
-
-    def check_ranks(self, ranks, variant):
-        if variant == "ulysses" and self.config["heads"] % ranks:
-            raise InputError(f"ulysses needs the heads ({self.config['heads']}) divisible by the ranks ({ranks})")
+        self.config = self.model.config
 
     def iterations(self, size):
         return (10, 2) if size <= 2048 else (5, 1) if size <= 8192 else (3, 1)
@@ -208,26 +184,6 @@ class Attention(Case):
         pairs = _reference_pairs(state, result, rows, positions[rows], gathered) if len(rows) else []
         return sum(_count_wrong(actual, expected, TOLERANCES[state.dtype]) for actual, expected in pairs)
 
-    def predict(self, variant, size, ranks, calib):
-        """The score flops at the calibrated rate of the serial kernel (`costs.suite_rate`); ``full`` on one
-        rank; ``ring`` / ``ring_zigzag``: p steps of the busiest rank's block (contiguous causal: p - 1/2
-        blocks), each of the first p - 1 overlapped with the K / V transfer (K, V, dK, dV backward):
-        the slower of the two; ``ulysses``: the heads split, four all-to-alls of a rank's tokens (eight
-        with backward)."""
-        cfg = self.config
-        item, backward = costs.itemsize(calib), cfg["backward"]
-        flops = (4 + (10 if backward else 0)) * size**2 * cfg["heads"] * cfg["dim"] * (0.5 if cfg["causal"] else 1)
-        rate = costs.suite_rate(calib, "attention", "full", ranks)
-        if variant == "full" or ranks == 1:
-            return flops / rate
-        shard = math.ceil(size / ranks) * cfg["heads"] * cfg["dim"] * item
-        if variant == "ulysses":
-            return flops / ranks / rate + (8 if backward else 4) * costs.alltoall(calib, shard, ranks)
-        blocks = ranks - 0.5 if cfg["causal"] and variant == "ring" else (ranks / 2 if cfg["causal"] else ranks)
-        step = flops / (0.5 if cfg["causal"] else 1) / ranks**2 / rate
-        transfer = costs.message(calib, (4 if backward else 2) * shard)
-        return blocks * step + (ranks - 1) * max(transfer - step, 0.0) * (2 if backward else 1)
-
     def metrics(self, state, seconds):
         """Rates of the point; collective (allgathers of a few numbers), as the harness calls it on every rank."""
         comm, settings, n, stats = state.comm, state.settings, state.size, state.stats
@@ -249,19 +205,6 @@ class Attention(Case):
         host_only = " (host allocations only)" if state.backend.name != "numpy" else ""
         return dict(state.settings, memory="inputs + tracemalloc peak of the first run" + host_only,
                     **state.summary)
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """This rank's tokens (all for ``full``, else ``ceil(n / p)``) as Q, K, V, dO and as many
-        outputs and travelling blocks, a few float64 score tiles; the check draws all n
-        tokens in float64 (and gathers O and lse with the backward pass)."""
-        settings = self.config
-        width = settings["heads"] * settings["dim"]
-        local = problem if variant == "full" else -(-problem // ranks)
-        run = (12 if settings["backward"] else 8) * local * width * np.dtype(dtype).itemsize
-        tiles = 3 * 8 * settings["heads"] * settings["tiles"][0] * settings["tiles"][1]
-        reference = 8 * problem * width * (8 if settings["backward"] else 5)
-        return run + tiles + (reference if check else 0)
-
 
 def _reference_pairs(state, result, rows, positions, gathered):
     """``(result, reference)`` pairs of the local ``rows`` at global ``positions`` (``result``: the run's, on the host).

@@ -21,13 +21,12 @@ from functools import partial
 
 import numpy as np
 
-from bench.families.blas import BlasCase, Cost, count_wrong, library_kernel, seeded_vector
-from bench.report.model import log2_ceil
+from bench.families.blas import BlasCase, count_wrong, library_kernel, seeded_vector
+from bench.models.blas1 import CHECK_CHUNK, Blas1Model
 from kernels import blas1
 from kernels.distribution import block_range
 
 AXPY_ALPHA = 0.5
-CHECK_CHUNK = 1 << 20
 
 
 def axpy_alpha(run):
@@ -45,11 +44,8 @@ def reference_sums(n):
 
 
 class Blas1(BlasCase):
-    name = "blas1"
+    model_class = Blas1Model
     benchmark = "blas1"
-    variants = ("numpy_dot", "numpy_nrm2", "numpy_axpy", "dot", "nrm2", "axpy")
-    host_only_variants = {variant: "one NumPy process on the host (the CPU library reference)"
-                          for variant in variants if variant.startswith("numpy")}
     size_help = "vector length n in elements (weak scaling: n per rank)"
     default_sizes = "64K:16M"
     metrics_help = "gflops (2n flops), items_per_s = n/s, metric comm_share"
@@ -89,25 +85,3 @@ class Blas1(BlasCase):
 
     def rates(self, state, seconds):
         return {"items_per_s": state.size / seconds}
-
-    def cost(self, variant, n, p):
-        """dot: one Allreduce of 2 words; nrm2: two (2 and 1 words); axpy none (see kernels.blas1).
-
-        Memory traffic: dot reads x and y, nrm2 reads x twice (once in NumPy), axpy
-        reads x, y and writes y.
-        """
-        rounds = log2_ceil(p)
-        return {"numpy_dot": Cost(0, 0, 2 * n, 2 * n), "numpy_nrm2": Cost(0, 0, 2 * n, n),
-                "numpy_axpy": Cost(0, 0, 2 * n, 3 * n), "dot": Cost(rounds, 2 * rounds, 2 * n / p, 2 * n / p),
-                "nrm2": Cost(2 * rounds, 3 * rounds, 3 * n / p, 2 * n / p),
-                "axpy": Cost(0, 0, 2 * n / p, 3 * n / p)}[variant]
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """x and y blocks of ``ceil(n / p)`` entries (each drawn through a copy); the check
-        regenerates the blocks in float64 (axpy: about 7 block-long float64 temporaries) or
-        sums 1M-entry chunks on rank 0 (dot, nrm2)."""
-        block = -(-problem // ranks)
-        arrays = 3 * block * np.dtype(dtype).itemsize
-        if not check:
-            return arrays
-        return arrays + 8 * (7 * block if variant.endswith("axpy") else 5 * min(problem, CHECK_CHUNK))

@@ -7,7 +7,7 @@ backward passes (``forward_backward``, ``forward_backward_overlap``) of one
 (``MPI.Compute_dims``: 2x1, 3x1, 2x2...). The ``_overlap`` variants compute the
 tile interior while the halos are in flight, then the border.
 
-Settings (`SETTINGS`): channels ``C``, odd kernel side ``k``, images per batch
+Settings (`bench.models.conv.SETTINGS`): channels ``C``, odd kernel side ``k``, images per batch
 ``N``, and how halos travel: ``packed`` (default: copies into contiguous buffers,
 measured faster here) or ``subarray`` (MPI subarray datatypes).
 
@@ -43,38 +43,17 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.settings import Setting, choice, integer
+from bench.models.conv import FULL_CHECK_ELEMENTS, HaloConvModel, read_settings
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
-from parallel.spatial.halo_conv import CHUNK_ELEMENTS, HaloConv2d, conv_padding
-from parallel.spatial.halo_exchange import DEFAULT_PACKING, PACKING_METHODS
+from parallel.spatial.halo_conv import HaloConv2d, conv_padding
 from parallel.nn.conv import Conv2d
 from parallel.spatial.tile_layout import TileLayout
 
 SEED = 2024
 INPUT_STREAM, GRADIENT_STREAM = 1, 2
-FULL_CHECK_ELEMENTS = 1 << 18
 CORNER = 16
 TOLERANCES = {"float64": 1e-10, "float32": 1e-4}
-
-
-SETTINGS = (
-    Setting("CONV_CHANNELS", integer, 16, 1, "input and output channels C"),
-    Setting("CONV_KERNEL", integer, 3, 1, "kernel side k, odd ('same' padding)"),
-    Setting("CONV_BATCH", integer, 1, 1, "images per batch N"),
-    Setting("CONV_PACKING", choice, DEFAULT_PACKING, PACKING_METHODS,
-            "how halos travel: packed buffers or MPI subarray datatypes"),
-)
-
-
-def read_settings(settings):
-    """The suite's settings as the state keeps them; `InputError` for an even kernel."""
-    settings = dict(channels=settings["CONV_CHANNELS"], kernel=settings["CONV_KERNEL"], batch=settings["CONV_BATCH"],
-                    packing=settings["CONV_PACKING"])
-    if settings["kernel"] % 2 == 0:
-        raise InputError(f"MLSCALE_CONV_KERNEL={settings['kernel']}: 'same' padding needs an odd kernel")
-    return settings
 
 
 def hashed_values(stream, shape, rows, cols, dtype):
@@ -121,10 +100,8 @@ class _State:
 
 
 class HaloConv(Case):
-    name = "conv"
+    model_class = HaloConvModel
     benchmark = "halo_conv"
-    variants = ("forward", "forward_overlap", "forward_backward", "forward_backward_overlap")
-    size_unit = "pixels"
     size_help = "image side H = W (weak: the side is round(size * sqrt(p)))"
     default_sizes = "128:1024"
     metrics_help = ("gflops = convolution flops / time; metric halo_share = halo-exchange time / run time "
@@ -134,10 +111,6 @@ class HaloConv(Case):
                    "halos exchanged with the neighbours before each pass (packed buffers or MPI subarray types), "
                    "optionally overlapping the tile interior with the exchange. Forward, or forward and backward "
                    "with the halo gradients added back; each tile is checked against a serial convolution.")
-    declared_settings = SETTINGS
-
-    def problem_size(self, size, ranks, scaling):
-        return size if scaling == "strong" else round(size * math.sqrt(ranks))
 
     def iterations(self, size):
         return (10, 2) if size >= 1024 else (20, 3)
@@ -238,42 +211,6 @@ class HaloConv(Case):
         return dict(state.settings, grid="x".join(map(str, grid.dims)),
                     tile="x".join(map(str, state.conv.in_shape)), halo_bytes_per_rank=state.halo_bytes,
                     overlap=state.conv.overlap, stride=1, padding="same", halo_share=_halo_share(state))
-
-    def predict(self, variant, size, ranks, calib):
-        """The convolution flops of a tile at the calibrated rate of this suite's kernel (`costs.suite_rate`)
-        and, on a grid, the halo exchange: per split axis two messages of ``N C k//2`` rows of the tile's
-        side, packed and unpacked (forward; the reverse exchange again with backward); the ``_overlap``
-        variants hide the exchange behind the interior."""
-        settings = read_settings(self.settings)
-        channels, kernel, batch = settings["channels"], settings["kernel"], settings["batch"]
-        backward = variant.startswith("forward_backward")
-        flops = 2 * batch * channels**2 * kernel**2 * size**2 * (3 if backward else 1) / ranks
-        compute = flops / costs.suite_rate(calib, "conv", "forward_backward" if backward else "forward", ranks)
-        dims = MPI.Compute_dims(ranks, [0, 0])
-        halo = 0.0
-        for axis, parts in enumerate(dims):
-            if parts > 1:
-                edge = batch * channels * (kernel // 2) * (size / dims[1 - axis] + kernel - 1) * costs.itemsize(calib)
-                halo += 2 * costs.message(calib, edge) + 4 * costs.copy(calib, edge)
-        halo *= 2 if backward else 1
-        return max(compute, halo) if variant.endswith("_overlap") else compute + halo
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """Tiles of ``N C ceil(H / pr) ceil(W / pc)`` elements: x, its padded copy and y, with
-        backward also dy, its padded copy, dx and the gradient halos; the hashed inputs' uint64
-        planes and the chunked patch matrices. The check's serial convolution (patch matrices of
-        the whole image) when the image has at most `FULL_CHECK_ELEMENTS` elements, else small windows."""
-        settings = read_settings(self.settings)
-        rows, cols = (-(-problem // dim) for dim in MPI.Compute_dims(ranks, [0, 0]))
-        pad = settings["kernel"] // 2
-        tile = settings["batch"] * settings["channels"] * (rows + 2 * pad) * (cols + 2 * pad)
-        backward = variant.startswith("forward_backward")
-        arrays = (9 if backward else 4) * tile * np.dtype(dtype).itemsize
-        image = settings["batch"] * settings["channels"] * problem * problem
-        reference = 8 * image * (settings["kernel"] ** 2 + 4) * (2 if backward else 1)
-        return (arrays + 4 * 8 * (rows + 2 * pad) * (cols + 2 * pad) + 2 * 8 * CHUNK_ELEMENTS
-                + (reference if check and image <= FULL_CHECK_ELEMENTS else 0))
-
 
 def _end_spans(lo, hi):
     """The first and last `CORNER` indices of ``[lo, hi)``, without overlap (one span when short)."""

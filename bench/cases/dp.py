@@ -9,7 +9,7 @@ Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
 (``MPI.Iallreduce`` on each bucket as soon as backward has produced it), and the
 hand-written algorithms of `parallel.collectives` (blocking, after backward).
 
-Settings (`SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
+Settings (`bench.models.dp.SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
 on digits), ``cnn`` (`parallel.nn.models.mnist_cnn`) or ``keras_cnn`` (the lecture's
 TensorFlow example, `parallel.nn.models.keras_cnn`; both 28x28 images only); the
 optimiser, ``sgd`` (lr 0.01, momentum 0.9) or ``adam`` (lr 1e-3, the Keras
@@ -50,43 +50,27 @@ and adds the parameters that differ from rank 0's replica on each rank.
 """
 import functools
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.families import costs
 from bench.families.memory import peak_rss_mib, reset_peak_rss
-from bench.settings import Setting, byte_size, choice, integer
+from bench.models.dp import OPTIMIZERS, DataParallelModel, read_settings
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
-from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.collectives import release_plans
 from parallel.data.data_parallel import DataParallelTrainer
-from parallel.data.gradient_wire import PRECISIONS
-from parallel.data.mixed_precision import COMPUTE_FORMATS
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import accuracy, keras_cnn, mnist_cnn, mnist_mlp, train_step
-from parallel.nn.optim import SGD, Adam
 
 SEED = 2024
-#: optimiser -> (class, hyper-parameters); Adam's are the Keras defaults of the lecture's example.
-OPTIMIZERS = {"sgd": (SGD, dict(lr=0.01, momentum=0.9)), "adam": (Adam, dict(lr=1e-3))}
-OVERLAP_BUCKET_BYTES = 64 << 10
-MODELS = ("mlp", "cnn", "keras_cnn")
 IMAGE_MODELS = {"cnn": mnist_cnn, "keras_cnn": keras_cnn}
 DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 SIXTEEN_BIT_TOLERANCE = 5e-2
-#: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
-DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
-#: Parameters of each model (at most) and array entries held per sample in forward and backward (the CNNs:
-#: tracemalloc peak of a float32 step, about 62K and 133K).
-PARAMETERS = {"mlp": 784 * 256 + 256 * 128 + 128 * 10 + 394, "cnn": 21840, "keras_cnn": 93322}
-ACTIVATIONS = {"mlp": lambda pixels: 2 * (pixels + 256 + 128 + 10), "cnn": lambda pixels: 65_000,
-               "keras_cnn": lambda pixels: 140_000}
 
 
 @functools.lru_cache(maxsize=4)
@@ -113,45 +97,6 @@ def _build_optimizer(name, pairs):
     return optimizer(pairs, **hyper_parameters)
 
 
-def data_source(variable, text, allowed):
-    """A bundled data set's name (lower-cased) or a directory of MNIST IDX files."""
-    if text.lower() in DATASETS:
-        return text.lower()
-    if not os.path.isdir(text):
-        raise InputError(f"{variable}={text!r}: choose from {', '.join(DATASETS)} "
-                         "or a directory holding the MNIST IDX files")
-    return text
-
-
-SETTINGS = (
-    Setting("DP_MODEL", choice, "mlp", MODELS, "model (cnn, keras_cnn: 28x28 images only)"),
-    Setting("DP_OPTIMIZER", choice, "sgd", tuple(OPTIMIZERS), "optimiser (sgd: lr 0.01, momentum 0.9; adam: lr 1e-3)"),
-    Setting("DP_COMPUTE", choice, "full", COMPUTE_FORMATS,
-            "forward / backward format (float16, bfloat16: mixed precision, master weights in the dtype)"),
-    Setting("DP_DATASET", data_source, "mnist", "mnist|digits|IDX directory",
-            "data set, or a directory of MNIST IDX files"),
-    Setting("DP_BUCKET_BYTES", byte_size, None, None,
-            "gradient bucket cap, 0: one flat buffer (default: 64K for mpi_overlap, else 0)"),
-    Setting("DP_PRECISION", choice, "full", PRECISIONS, "gradient exchange format (full: the model dtype)"),
-    Setting("DP_MICRO_BATCHES", integer, 1, 1, "micro-batches accumulated per step"),
-)
-
-
-def read_settings(settings, variant):
-    """The trainer settings of ``variant`` from the suite's ``settings``; `InputError` when they do not fit."""
-    model = settings["DP_MODEL"]
-    dataset = settings["DP_DATASET"]
-    if model in IMAGE_MODELS and dataset == "digits":
-        raise InputError(f"MLSCALE_DP_MODEL={model} needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX "
-                         "directory")
-    overlap = variant == "mpi_overlap"
-    bucket_bytes = settings["DP_BUCKET_BYTES"]
-    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
-                bucket_bytes=(OVERLAP_BUCKET_BYTES if overlap else 0) if bucket_bytes is None else bucket_bytes,
-                micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"],
-                optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"])
-
-
 @dataclass
 class _State:
     comm: object
@@ -176,10 +121,8 @@ def _rows(step, size, offsets, n_train):
 
 
 class DataParallel(Case):
-    name = "dp"
+    model_class = DataParallelModel
     benchmark = "data_parallel"
-    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS)
-    size_unit = "samples"
     size_help = "global batch size in samples (weak: per rank); one run = one training step"
     default_sizes = "32:1K"
     metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
@@ -192,7 +135,6 @@ class DataParallel(Case):
                    "buckets overlapped with the backward pass, or by the hand-written allreduce algorithms; "
                    "optionally in 16-bit and with gradient accumulation. The check trains a serial model on the "
                    "same batches and compares the parameters.")
-    declared_settings = SETTINGS
 
     def iterations(self, size):
         return 10, 2
@@ -201,6 +143,11 @@ class DataParallel(Case):
         if size < 1:
             raise InputError(f"dp: the global batch needs at least one sample, got {size}")
         settings = read_settings(self.settings, variant)
+        smallest = size // comm.size  # block_range: the last shards are the smallest
+        if settings["micro_batches"] > max(smallest, 1):
+            raise InputError(f"dp: MLSCALE_DP_MICRO_BATCHES={settings['micro_batches']} is more than the {smallest} "
+                             f"samples of the smallest shard (global batch {size} on {comm.size} ranks): every "
+                             "micro-batch needs a sample")
         data = tuple(backend.from_host(part)
                      for part in _split_data(settings["dataset"], settings["model"] == "mlp", dtype))
         model = _build_model(settings["model"], data[0].shape[-1], dtype).to(backend)
@@ -221,6 +168,10 @@ class DataParallel(Case):
             state.skipped.append(state.steps)
         state.steps += 1
         state.run_seconds += MPI.Wtime() - start
+
+    def teardown(self, state):
+        """Free the plans (persistent requests) the hand-written allreduce kept for this point's gradients."""
+        release_plans(state.comm)
 
     def check(self, state):
         state.peak_rss_mib = peak_rss_mib()  # the steps' peak, before the serial reference below
@@ -270,55 +221,6 @@ class DataParallel(Case):
             trainer.sync_model()
             summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
         return summary
-
-    def predict(self, variant, size, ranks, calib):
-        """One step of the MLP on this rank's ceil(n / p) samples (`costs.dense_layers`), the gather of
-        the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
-        SGD update (3 passes over the parameters); the compute on the line through the two calibrated
-        one-rank steps around this batch (`costs.fitted_step`: a fixed cost of the step's Python calls and a scale). None
-        for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
-        settings = read_settings(self.settings, variant)
-        if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
-                ("mlp", "full", "full", 1):
-            return None
-        item = costs.itemsize(calib)
-
-        def compute(rows, features):
-            """(forward with the batch gather, backward and SGD update) of the MLP on ``features`` inputs;
-            the gradient bytes."""
-            widths = (features, 256, 128, 10)
-            parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])) * item
-            forward, backward = costs.dense_layers(calib, widths, rows, ranks)
-            rest = costs.copy(calib, rows * features * item) + 3 * costs.reduction(calib, parameters)
-            return forward + rest, backward, parameters
-
-        def calibrated_step(rows):  # local_rates times the default data set, MNIST
-            forward, backward, parameters = compute(rows, DATA_SHAPES["mnist"][1])
-            return forward + backward + costs.allreduce(calib, parameters, 1)
-
-        rows = math.ceil(size / ranks)
-        fixed, scale = costs.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
-        forward, backward, parameters = compute(rows, DATA_SHAPES.get(settings["dataset"], (0, 784))[1])
-        forward, backward = scale * forward, scale * backward
-        exchange = costs.allreduce(calib, parameters, ranks, settings["allreduce"])
-        return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its
-        flat gradients, optimiser state and buckets (8 vectors; Adam one more; mixed precision the
-        16-bit copies of weights and gradients), and the activations of this rank's ``ceil(n / p)``
-        samples (`ACTIVATIONS` per sample, in the compute format: float16 halves float32); the
-        check trains a serial model on the whole global batch of n samples on rank 0."""
-        settings = read_settings(self.settings, variant)
-        samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
-        item = np.dtype(dtype).itemsize
-        compute_item = {"full": item, "float16": 2, "bfloat16": 4}[settings["compute"]]
-        parameters = PARAMETERS[settings["model"]]
-        state = (8 + (settings["optimizer"] == "adam")) * item * parameters + \
-            (2 * compute_item * parameters if settings["compute"] != "full" else 0)
-        per_sample = ACTIVATIONS[settings["model"]](pixels)
-        activations = per_sample * (compute_item * -(-problem // ranks) + (item * problem if check else 0))
-        return samples * pixels + item * 2 * samples * pixels + state + activations
 
 
 def _comm_share(state):

@@ -19,18 +19,17 @@ from functools import partial
 
 import numpy as np
 
-from bench.families.blas import (CHUNK_ROWS, GRID, VECTOR_ROW, BlasCase, Cost, count_wrong, library_kernel,
-                                     seeded_matrix, seeded_rows, seeded_vector)
+from bench.families.blas import (CHUNK_ROWS, BlasCase, count_wrong, library_kernel, seeded_matrix, seeded_rows,
+                                 seeded_vector)
+from bench.models.gemv import GemvModel
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
 
 KERNELS = {"rows": gemv_rows, "cols": gemv_cols, "2d": gemv_2d}
 
 
 class Gemv(BlasCase):
-    name = "gemv"
+    model_class = GemvModel
     benchmark = "gemv"
-    variants = ("numpy", "rows", "cols", "2d")
-    host_only_variants = {"numpy": "one NumPy process on the host (the CPU library reference)"}
     size_help = "n of the n x n matrix A in y = A x (weak scaling: n sqrt(p))"
     default_sizes = "1K:8K"
     metrics_help = "gflops (2n^2 flops), algbw = bytes sent per rank / s, metric comm_share"
@@ -38,8 +37,6 @@ class Gemv(BlasCase):
                    "using every core. Row blocks allgather x, column blocks reduce-scatter y, and the 2D layout "
                    "does both on a grid of the ranks; GEMV is memory-bound, so ranks on one node share its "
                    "memory bandwidth.")
-    declared_settings = (GRID,)
-    work_exponent = 2
     matrix_products = True
 
     def build(self, state):
@@ -63,22 +60,3 @@ class Gemv(BlasCase):
 
     def flops(self, n):
         return 2 * n * n
-
-    def cost(self, variant, n, p):
-        """rows: ``Allgatherv`` of x, cols: ``Reduce_scatter`` of y, ``(p - 1) n / p`` words in p - 1
-        messages; 2d: ``pr + pc - 2`` messages of ``n / p`` words (see kernels.gemv). Each rank
-        reads its n^2 / p matrix entries once."""
-        work = Cost(0, 0, 2 * n * n / p, n * n / p)
-        if variant == "2d":
-            rows, cols = self.grid_dims(variant, p)
-            return work._replace(messages=rows + cols - 2, words=(rows + cols - 2) * n / p)
-        return work if variant == "numpy" else work._replace(messages=p - 1, words=(p - 1) * n / p)
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """This rank's ``n^2 / p`` entries of A (all of A for ``numpy``), rows drawn
-        `CHUNK_ROWS` at a time, and vectors of up to n (padded to whole seeded rows); the
-        check regenerates x and `CHUNK_ROWS`-row slices of A in float64."""
-        n, item = problem, np.dtype(dtype).itemsize
-        vector = max(n, VECTOR_ROW)
-        arrays = (n * -(-n // ranks) + n + CHUNK_ROWS * n) * item + 4 * vector * item
-        return arrays + ((2 * vector + 3 * CHUNK_ROWS * n) * 8 if check else 0)

@@ -10,7 +10,7 @@ per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per tok
 (``k`` experts) does not change with ``p``; capacity per (rank, expert) is
 ``ceil(k n_r / E * capacity_factor)`` (`parallel.expert.routing.expert_capacity`).
 
-Settings (`SETTINGS`, recorded in params): experts per rank, token width, expert
+Settings (`bench.models.moe.SETTINGS`, recorded in params): experts per rank, token width, expert
 inner width (default ``4 x hidden``) and capacity factor. The auxiliary-loss weight
 is fixed at 0.01.
 
@@ -39,41 +39,20 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families import costs
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
-from bench.settings import Setting, integer, number
+from bench.models.moe import AUX_LOSS_WEIGHT, TOP_K, MixtureOfExpertsModel
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
 from parallel.expert.moe import ParallelMoE
 from parallel.expert.routing import expert_capacity
 
 SEED = 2024
-AUX_LOSS_WEIGHT = 0.01
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
-TOP_K = {"top1": 1, "top2": 2}
-
-
-SETTINGS = (
-    Setting("MOE_EXPERTS_PER_RANK", integer, 2, 1, "experts per rank"),
-    Setting("MOE_HIDDEN", integer, 256, 1, "token width"),
-    Setting("MOE_FFN", integer, None, 1, "expert inner width (default 4 x hidden)"),
-    Setting("MOE_CAPACITY", number, 1.25, 0.0, "capacity factor"),
-)
-
-
-def read_settings(settings):
-    """Layer settings from the suite's ``settings``."""
-    hidden = settings["MOE_HIDDEN"]
-    return dict(experts_per_rank=settings["MOE_EXPERTS_PER_RANK"], hidden=hidden,
-                ffn=settings["MOE_FFN"] or 4 * hidden, capacity_factor=settings["MOE_CAPACITY"],
-                aux_loss_weight=AUX_LOSS_WEIGHT)
 
 
 class MixtureOfExperts(Case):
-    name = "moe"
+    model_class = MixtureOfExpertsModel
     benchmark = "mixture_of_experts"
-    variants = ("top1", "top2")
-    size_unit = "tokens"
     size_help = "global tokens T (weak: per rank); one run = MoE layer forward + backward"
     default_sizes = "512:8K"
     metrics_help = ("items_per_s = tokens/s; gflops of the kept expert rows and the gate; metric dropped_fraction; "
@@ -83,16 +62,10 @@ class MixtureOfExperts(Case):
                    "gate routes each rank's tokens to experts spread evenly over the ranks, with all-to-all "
                    "dispatch and combine and a capacity per expert; the experts grow with the rank count. "
                    "Every element is checked against a serial layer that routes shard by shard as the ranks do.")
-    declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        self.config = read_settings(self.settings)
-
-    def check_ranks(self, ranks, variant):
-        if TOP_K[variant] > self.config["experts_per_rank"] * ranks:
-            raise InputError(f"moe {variant} needs at least {TOP_K[variant]} experts; "
-                             f"{self.config['experts_per_rank']} per rank on {ranks} ranks")
+        self.config = self.model.config
 
     def iterations(self, size):
         return (10, 2) if size <= 4096 else (5, 1)
@@ -108,27 +81,6 @@ class MixtureOfExperts(Case):
         x, dy = (backend.from_host(rng.standard_normal((size, settings["hidden"])).astype(dtype)) for _ in range(2))
         return MeasuredState(comm, variant, dtype, size, settings, layer.to(backend), x, dy,
                              slice(*block_range(size, comm.size, comm.rank)), backend=backend)
-
-    def predict(self, variant, size, ranks, calib):
-        """Balanced routing: the gate GEMMs of a rank's ceil(T / p) tokens over the E experts, k rows per token
-        through its experts (six GEMMs each, `costs.dense_layers` of hidden -> ffn -> hidden), a handful
-        of routing passes, and per pass an ``Alltoall`` of counts and two ``Alltoallv`` of the routed
-        rows (dispatch, combine), then the allreduce of the gate gradient and the statistics. An uneven
-        routing (``load_imbalance`` in params) makes the busiest rank slower than this."""
-        try:
-            self.check_ranks(ranks, variant)
-        except InputError:
-            return None
-        cfg, k, item = self.config, TOP_K[variant], costs.itemsize(calib)
-        tokens, experts = math.ceil(size / ranks), cfg["experts_per_rank"] * ranks
-        rows = math.ceil(k * tokens / cfg["experts_per_rank"])
-        forward, backward = costs.dense_layers(calib, (cfg["hidden"], cfg["ffn"], cfg["hidden"]), rows, ranks)
-        gate = 3 * costs.gemm(calib, tokens, experts, cfg["hidden"], ranks) + costs.calls(calib, 40)
-        routed = k * tokens * cfg["hidden"] * item
-        exchange = 2 * (costs.alltoall(calib, 8 * ranks, ranks) + 2 * costs.alltoall(calib, routed, ranks)
-                        + 2 * costs.copy(calib, routed))
-        reduce = costs.allreduce(calib, cfg["hidden"] * experts * item, ranks) + costs.allreduce(calib, 64, ranks)
-        return cfg["experts_per_rank"] * (forward + backward) + gate + exchange + reduce
 
     def run(self, state):
         run_forward_backward(state)
@@ -160,15 +112,3 @@ class MixtureOfExperts(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """x and dy (T x hidden, drawn in float64) and outputs; this rank's experts with gradients;
-        dispatch and combine buffers and expert activations of its ``k ceil(T / p)`` assignments
-        (times the capacity factor); the check runs `SerialMoE` with all ``E`` experts on all T tokens."""
-        settings, tokens = self.config, problem
-        hidden, ffn, top_k = settings["hidden"], settings["ffn"], TOP_K[variant]
-        rows = top_k * -(-tokens // ranks) * max(1.0, settings["capacity_factor"])
-        run = 5 * tokens * hidden + 4 * settings["experts_per_rank"] * hidden * ffn + rows * (6 * hidden + 3 * ffn)
-        experts = settings["experts_per_rank"] * ranks
-        reference = 4 * experts * hidden * ffn + 3 * top_k * tokens * ffn + 4 * tokens * hidden
-        return int(np.dtype(dtype).itemsize * (run + (reference if check else 0))) + 8 * tokens * hidden

@@ -17,11 +17,9 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, bandwidth_metrics
-from bench.families import costs
+from bench.models.p2p import WINDOW, PointToPointModel
 from kernels.errors import InputError
 
-#: Messages in flight per bandwidth run (OSU's default window).
-WINDOW = 64
 ACK_TAG, DATA_TAG = 1, 2
 
 
@@ -39,10 +37,8 @@ class _State:
 
 
 class PointToPoint(Case):
-    name = "p2p"
+    model_class = PointToPointModel
     benchmark = "p2p"
-    variants = ("latency", "bandwidth")
-    size_unit = "bytes"
     size_help = "message size in bytes"
     default_sizes = "8:1M"
     metrics_help = "latency: one-way latency in us (metric latency_us); bandwidth: algbw = busbw in GB/s"
@@ -54,9 +50,6 @@ class PointToPoint(Case):
     def check_ranks(self, ranks, variant):
         if ranks < 2 or ranks % 2:
             raise InputError(f"p2p pairs ranks, so it needs an even rank count >= 2, not {ranks}")
-
-    def problem_size(self, size, ranks, scaling):
-        return size
 
     def iterations(self, size):
         return (100, 10) if size <= 65536 else (20, 3)
@@ -88,21 +81,8 @@ class PointToPoint(Case):
                                      metric="latency_us", metric_value=seconds / 2 * 1e6)
         return bandwidth_metrics("sendrecv", WINDOW * state.size, 2, seconds)
 
-    def predict(self, variant, size, ranks, calib):
-        """latency: a round trip, two one-way messages of the calibrated ping-pong table; bandwidth:
-        `WINDOW` messages at the calibrated gap of a window of the same pattern (``stream``, its
-        acknowledgement included)."""
-        if variant == "latency":
-            return 2 * costs.message(calib, size)
-        return WINDOW * costs.stream(calib, size)
-
     def params(self, state):
         return {"pairs": state.comm.size // 2, "window": WINDOW if state.variant == "bandwidth" else 1}
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """Send and receive buffers of ``problem`` bytes; the byte pattern is computed from two
-        int64 temporaries (16 bytes per byte), in setup and in the check."""
-        return 2 * problem + 16 * problem
 
 
 def _pattern(size):

@@ -14,7 +14,7 @@ batch's mean gradient. ``pipedream`` (`parallel.pipeline.pipedream`) never flush
 micro-batch (the micro-batch's mean gradient) with weight stashing; the first run
 fills the pipeline, later runs are its steady state.
 
-Settings (`SETTINGS`): micro-batches ``m`` per step (``PP_MICROBATCHES=1`` is the
+Settings (`bench.models.pp.SETTINGS`): micro-batches ``m`` per step (``PP_MICROBATCHES=1`` is the
 lecture's naive model parallelism: one stage busy at a time), the model, layer width
 ``W`` and linear layers ``L`` (mlp), and the balance: ``layers`` (`block_range` of the
 layer count), ``params`` (balance the stages' parameter counts), ``time`` (balance the
@@ -65,25 +65,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.families.training import (CHECK_SAMPLES, LEARNING_RATE, SEED, check_samples, count_wrong, mnist_batch,
+from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_wrong, mnist_batch,
                                      restore, serial_step_parameters, synthetic_batch)
-from bench.settings import Setting, choice, integer
-from kernels.distribution import block_range
+from bench.models.pp import PipelineModel
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import flat_storage, mlp, mnist_cnn
 from parallel.nn.optim import SGD
 from parallel.pipeline.pipedream import PipeDream, serial_pipedream
 from parallel.pipeline.stage import Pipeline
-from parallel.pipeline.schedule import (BALANCES, PIPEDREAM, SCHEDULES, bubble_fraction, idle_fraction,
-                                        layer_parameter_count, layer_seconds, partition, theoretical_bubble)
+from parallel.pipeline.schedule import (PIPEDREAM, bubble_fraction, idle_fraction, layer_parameter_count,
+                                        layer_seconds, partition, theoretical_bubble)
 from parallel.pipeline.timeline import Timeline
 
-MODELS = ("mlp", "cnn")
 #: The lecture's split of the SimpleCNN: ModelPart1 (convolutions, pools, ReLUs) | ModelPart2 (dense layers).
 CNN_PARTS = [(0, 6), (6, 10)]
-CNN_LAYERS, CNN_PARAMETERS, CNN_ACTIVATIONS = 10, 21840, 50_000
 
 
 @dataclass
@@ -103,23 +99,9 @@ class _State:
     timeline: Timeline = field(default_factory=Timeline)
 
 
-SETTINGS = (
-    Setting("PP_MICROBATCHES", integer, 8, 1, "micro-batches m per step (the global batch is a multiple of m); "
-                                              "1: naive model parallelism"),
-    Setting("PP_MODEL", choice, "mlp", MODELS, "mlp (synthetic data) or cnn (the lecture's SimpleCNN on MNIST)"),
-    Setting("PP_WIDTH", integer, 1024, 1, "layer width W (mlp)"),
-    Setting("PP_LAYERS", integer, 8, 1, "linear layers L (mlp: 2 L - 1 layers with the ReLUs: at most that many ranks)"),
-    Setting("PP_BALANCE", choice, None, BALANCES + ("parts",),
-            "stage split: layer count, parameter count, measured time, or parts (cnn on 2 ranks: convolutions | "
-            "dense); default layers (mlp), parts on 2 ranks else time (cnn)"),
-)
-
-
 class PipelineSuite(Case):
-    name = "pp"
+    model_class = PipelineModel
     benchmark = "pipeline"
-    variants = SCHEDULES + (PIPEDREAM,)
-    size_unit = "samples"
     size_help = "global batch in samples (weak: per rank), a multiple of PP_MICROBATCHES; one run = one training step"
     default_sizes = "64:512"
     metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
@@ -134,30 +116,11 @@ class PipelineSuite(Case):
                    "busiest stage), beside the theoretical (p - 1) / (m + p - 1) and a replay of the schedule with free "
                    "messages; the check compares the weights after a step with serial SGD (PipeDream: with a serial "
                    "replay of its schedule).")
-    declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        self.micro_batches, self.model, self.width, self.layers, self.balance = (self.settings[s.name]
-                                                                                   for s in SETTINGS)
-
-    def _layer_count(self):
-        return CNN_LAYERS if self.model == "cnn" else 2 * self.layers - 1
-
-    def _balance(self, ranks):
-        if self.balance is not None:
-            return self.balance
-        return "layers" if self.model == "mlp" else ("parts" if ranks == 2 else "time")
-
-    def check_ranks(self, ranks, variant):
-        if ranks > self._layer_count():
-            hint = "" if self.model == "cnn" else f"; MLSCALE_PP_LAYERS={self.layers} gives {self._layer_count()} " \
-                                                  f"(linear and ReLU)"
-            raise InputError(f"pp: {ranks} stages need at least {ranks} layers; the {self.model} has "
-                             f"{self._layer_count()}{hint}")
-        if self._balance(ranks) == "parts" and (self.model != "cnn" or ranks != 2):
-            raise InputError(f"pp: MLSCALE_PP_BALANCE=parts is the lecture's SimpleCNN split: MLSCALE_PP_MODEL=cnn "
-                             f"on 2 ranks (got {self.model} on {ranks})")
+        self.micro_batches, self.network, self.width, self.layers = (
+            self.model.micro_batches, self.model.network, self.model.width, self.model.layers)
 
     def iterations(self, size):
         return 5, 1
@@ -170,7 +133,7 @@ class PipelineSuite(Case):
         layers = self._build(dtype).layers
         bounds = self._partition(comm, layers, size // m, dtype)
         start, stop = bounds[comm.rank]
-        shape = (1, 28, 28) if self.model == "cnn" else (self.width,)
+        shape = (1, 28, 28) if self.network == "cnn" else (self.width,)
         mine = [layer.to(backend) for layer in layers[start:stop]]
         stage_comm = backend.comm(comm)
         stage = (PipeDream(stage_comm, mine, shape, m, dtype) if variant == PIPEDREAM
@@ -182,43 +145,25 @@ class PipelineSuite(Case):
                       [param.copy() for param, _ in stage.parameters()], offset, bounds,
                       [sum(layer_parameter_count(layer) for layer in layers[a:b]) for a, b in bounds])
 
-    def predict(self, variant, size, ranks, calib):
-        """MLP with ``layers`` balance: the busiest stage's Linear layers (`costs.dense_layers`) on one
-        micro-batch of n / m samples, `costs.pipeline` of it (``m + p - 1`` slots for gpipe and 1f1b,
-        ``m`` for PipeDream's steady state, an activation message each way per micro-batch), and the SGD
-        update of the stage. None for the CNN and the other balances (stage times not modelled)."""
-        if self.model != "mlp" or self._balance(ranks) != "layers" or size % self.micro_batches:
-            return None
-        try:
-            self.check_ranks(ranks, variant)
-        except InputError:
-            return None
-        item, rows = costs.itemsize(calib), size // self.micro_batches
-        linears = max(sum(1 for index in range(*block_range(self._layer_count(), ranks, rank)) if index % 2 == 0)
-                      for rank in range(ranks))  # layers alternate Linear, ReLU
-        forward, backward = costs.dense_layers(calib, (self.width, self.width), rows, ranks)
-        stage = linears * (forward + backward)
-        update = costs.reduction(calib, linears * (self.width + 1) * self.width * item)
-        return costs.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks,
-                              flush=variant != PIPEDREAM) + update
-
     def _partition(self, comm, layers, rows, dtype):
-        balance = self._balance(comm.size)
+        balance = self.model.balance_on(comm.size)
         if balance == "parts":
             return list(CNN_PARTS)
         costs = None
         if balance == "time":
-            shape = (1, 28, 28) if self.model == "cnn" else (self.width,)
+            shape = (1, 28, 28) if self.network == "cnn" else (self.width,)
             costs = comm.bcast(layer_seconds(layers, shape, rows, dtype, softmax_cross_entropy)
                                if comm.rank == 0 else None, root=0)
         return partition(layers, comm.size, balance, costs)
 
     def _data(self, size, dtype):
         """The batch of ``size`` samples (host arrays, the same on every rank)."""
-        return mnist_batch(size, dtype) if self.model == "cnn" else synthetic_batch(size, self.width, self.width, dtype)
+        if self.network == "cnn":
+            return mnist_batch(size, dtype)
+        return synthetic_batch(size, self.width, self.width, dtype)
 
     def _build(self, dtype):
-        if self.model == "cnn":
+        if self.network == "cnn":
             return mnist_cnn(SEED, np.dtype(dtype))
         return mlp([self.width] * (self.layers + 1), SEED, np.dtype(dtype))
 
@@ -278,10 +223,11 @@ class PipelineSuite(Case):
         columns = list(zip(*per_rank))
         compute, steps = columns[2], columns[5]
         pipedream = state.schedule == PIPEDREAM
-        result = {"schedule": state.schedule, "micro_batches": self.micro_batches, "model": self.model,
-                  "balance": self._balance(comm.size), "stage_layers": [b - a for a, b in state.bounds],
+        result = {"schedule": state.schedule, "micro_batches": self.micro_batches, "model": self.network,
+                  "balance": self.model.balance_on(comm.size), "stage_layers": [b - a for a, b in state.bounds],
                   "stage_params": state.stage_params,
-                  "theoretical_bubble": 0.0 if pipedream else round(theoretical_bubble(comm.size, self.micro_batches), 4),
+                  "theoretical_bubble":
+                      0.0 if pipedream else round(theoretical_bubble(comm.size, self.micro_batches), 4),
                   "peak_in_flight": list(columns[0]),
                   "peak_activation_mib": [round(value, 3) for value in columns[1]],
                   "compute_s": [round(value, 6) for value in columns[2]],
@@ -291,28 +237,9 @@ class PipelineSuite(Case):
                   "idle_fraction": round(idle_fraction(compute, steps), 4),
                   "replayed_bubble": round(timeline.replayed_bubble(comm, state.pipeline.actions), 4),
                   "stage_imbalance": round(max(compute) * len(compute) / sum(compute) - 1, 4)}
-        if self.model == "mlp":
+        if self.network == "mlp":
             result.update(width=self.width, layers=self.layers)
         if pipedream:
             stash = comm.allgather((timeline.largest("staleness"), timeline.largest("stash_bytes") / 2 ** 20))
             result.update(staleness=[value for value, _ in stash], stash_mib=[round(value, 3) for _, value in stash])
         return result
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """The whole model with gradients (every rank builds it, then keeps its stage and a copy of it),
-        the batch (mlp: ``n x W`` drawn in float64; cnn: the MNIST sample and the batch) and the stage's
-        activations of every micro-batch; pipedream's stashed weights (at most ``p - 1`` copies of a
-        stage: counted as the model); the check's serial reference (rank 0) builds the model again and
-        runs at most `CHECK_SAMPLES` samples (pipedream's replay keeps up to ``p + 1`` versions)."""
-        stages = -(-self._layer_count() // ranks)
-        item = np.dtype(dtype).itemsize
-        if self.model == "cnn":
-            params, per_sample, data = CNN_PARAMETERS, CNN_ACTIVATIONS, 5000 * 784 * (1 + item) + problem * 784 * item
-            checked = 4 * CHECK_SAMPLES * CNN_ACTIVATIONS
-        else:
-            params, per_sample = self.layers * self.width * self.width, self.width * (1 + 2 * stages)
-            data, checked = 8 * problem * self.width, 4 * self.layers * CHECK_SAMPLES * self.width
-        stash = params if variant == PIPEDREAM else 0
-        run = 4 * params + stash + problem * per_sample
-        reference = (6 + (ranks + 1 if variant == PIPEDREAM else 0)) * params + checked
-        return item * (run + (reference if check else 0)) + data

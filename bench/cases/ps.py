@@ -1,7 +1,7 @@
 """Suite ``ps``: parameter-server training steps (parallel.data.param_server) on the MNIST sample.
 
 Ranks ``0 .. S-1`` are servers holding the parameters sharded by key range, the
-other W ranks workers. Settings (`SETTINGS`): the server count S (at most ranks -
+other W ranks workers. Settings (`bench.models.ps.SETTINGS`): the server count S (at most ranks -
 1), the staleness bound s of variant ``ssp``, and the model: ``mlp``
 (784-256-128-10 on flat images: the MLP of suite ``dp``, `parallel.nn.models.mnist_mlp`)
 or ``cnn`` (`parallel.nn.models.mnist_cnn`, much slower per sample).
@@ -31,34 +31,25 @@ workers' share of time spent waiting on pulls and pushes) or ``max_staleness``
 max_staleness, mean_staleness.
 """
 import functools
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.settings import Setting, choice, integer
+from bench.models.ps import SETTINGS, ParameterServerModel
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import flat_storage, forward_backward, mnist_cnn, mnist_mlp
 from parallel.nn.optim import SGD
-from parallel.data.param_server import MODES, ParameterServer, Statistics, check_roles
+from parallel.data.param_server import ParameterServer, Statistics, check_roles
 
 LEARNING_RATE = 0.05
-MODELS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),
-          "cnn": lambda dtype: mnist_cnn(seed=0, dtype=dtype)}
+BUILDERS = {"mlp": lambda dtype: mnist_mlp(seed=0, dtype=dtype),
+            "cnn": lambda dtype: mnist_cnn(seed=0, dtype=dtype)}
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
-
-
-SETTINGS = (
-    Setting("PS_SERVERS", integer, 1, 1, "server ranks S (at most ranks - 1)"),
-    Setting("PS_STALENESS", integer, 2, 0, "staleness bound s of variant ssp"),
-    Setting("PS_MODEL", choice, "mlp", tuple(MODELS), "model (the MLP of suite dp, or the CNN)"),
-)
 
 
 @functools.lru_cache(maxsize=4)
@@ -91,10 +82,8 @@ def global_rows(step, batch, n):
 
 
 class ParameterServerSuite(Case):
-    name = "ps"
+    model_class = ParameterServerModel
     benchmark = "param_server"
-    variants = MODES
-    size_unit = "samples"
     size_help = "global batch size in samples (>= workers); one run = one global step"
     default_sizes = "64:1024"
     metrics_help = "items_per_s = samples/s; metric comm_share (sync) or max_staleness (async, ssp)"
@@ -105,7 +94,6 @@ class ParameterServerSuite(Case):
                    "the global batch and push them back, synchronously, asynchronously, or with bounded "
                    "staleness (ssp). The check compares a synchronous step with serial SGD and counts updates "
                    "applied beyond the staleness bound.")
-    declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
@@ -122,31 +110,12 @@ class ParameterServerSuite(Case):
         workers = comm.size - self.servers
         if size < workers:
             raise InputError(f"ps: the global batch ({size}) must give each of the {workers} workers a sample")
-        model = MODELS[self.model_name](np.dtype(dtype)).to(backend)
+        model = BUILDERS[self.model_name](np.dtype(dtype)).to(backend)
         flat_params, flat_grads = flat_storage(model)
         ps = ParameterServer(backend.comm(comm), flat_params, flat_grads, LEARNING_RATE, mode=variant,
                              servers=self.servers, staleness=self.staleness)
         images, labels = (backend.from_host(part) for part in training_images(self.model_name, dtype))
         return _State(comm, backend, variant, dtype, size, self.model_name, model, ps, images, labels)
-
-    def predict(self, variant, size, ranks, calib):
-        """The MLP (`costs.dense_layers`) on a worker's ceil(n / W) samples; per server shard of P / S
-        parameters, the busiest server receives W gradient shards and sends W parameter shards one by
-        one (blocking: in sequence), and adds each gradient (SGD); a request and an end notice per worker.
-        None for the CNN."""
-        try:
-            check_roles(ranks, self.servers)
-        except InputError:
-            return None
-        if self.model_name != "mlp":
-            return None
-        widths, workers, item = (784, 256, 128, 10), ranks - self.servers, costs.itemsize(calib)
-        parameters = sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:]))
-        shard = math.ceil(parameters / self.servers) * item
-        forward, backward = costs.dense_layers(calib, widths, math.ceil(size / workers), ranks)
-        server = workers * (2 * costs.message(calib, shard) + 2 * costs.reduction(calib, shard)
-                            + 2 * costs.message(calib, 16))
-        return forward + backward + server
 
     def run(self, state):
         ps = state.ps
@@ -188,21 +157,6 @@ class ParameterServerSuite(Case):
                 "parameters": int(ps.flat_params.size), "comm_share": round(stats.comm_share, 4),
                 "max_staleness": stats.max_staleness, "mean_staleness": round(stats.mean_staleness, 4)}
 
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """The MNIST sample on every rank (the bytes read, then scaled and split: 2 copies), the
-        model and its shards, and the activations of a worker's ``ceil(n / W)`` samples
-        (`bench.cases.dp.ACTIVATIONS` per sample); the check's serial step (rank 0) runs the whole
-        global batch of n samples."""
-        from bench.cases.dp import ACTIVATIONS, PARAMETERS
-
-        samples, pixels = 5000, 784
-        workers = max(1, ranks - self.servers)
-        batch = -(-problem // workers) + (problem if check else 0)
-        item = np.dtype(dtype).itemsize
-        return samples * pixels + item * (2 * samples * pixels + 8 * PARAMETERS[self.model_name]
-                                          + ACTIVATIONS[self.model_name](pixels) * batch)
-
-
 def _worker_gradient(state, clock):
     """Fill the worker's gradient for its block of global batch ``clock`` (scaled by the global batch)."""
     ps = state.ps
@@ -214,7 +168,7 @@ def _worker_gradient(state, clock):
 
 def serial_step(state, params, step):
     """Return ``params`` after one serial SGD step on global batch ``step`` (a fresh model, on the host)."""
-    model = MODELS[state.model_name](np.dtype(state.dtype))
+    model = BUILDERS[state.model_name](np.dtype(state.dtype))
     flat_params, flat_grads = flat_storage(model)
     flat_params[:] = params
     images, labels = training_images(state.model_name, state.dtype)

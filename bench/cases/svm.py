@@ -38,47 +38,26 @@ back for the comparison with the host references.
 """
 import importlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.settings import Setting
 from bench.faults import sleeping_barrier
+from bench.models.svm import DATA, ESTIMATORS, SVMModel
 from kernels.backend import get_backend
 from kernels.errors import InputError
-from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION, load_dataset
+from svm.datasets import load_dataset
 from svm.solver.gram import kernel_product, make_kernel
-from svm.solver.smo import DEFAULT_CACHE_BYTES, smo_solve
+from svm.solver.smo import smo_solve
 
 SETTINGS = dict(C=1.0, kernel="rbf", gamma="scale", tol=1e-3)
-#: Estimator of each variant, as ``module:Class`` (imported lazily).
-ESTIMATORS = {"sklearn": "sklearn.svm:SVC", "smo": "svm.solver.svc:SVC", "dis_smo": "svm.distributed.dis_smo:DisSMO",
-              "cascade": "svm.distributed.cascade:CascadeSVM", "dcsvm": "svm.distributed.dcsvm:DCSVM", "cpsvm": "svm.distributed.casvm:CPSVM",
-              "casvm": "svm.distributed.casvm:CASVM"}
 SERIAL = ("sklearn", "smo")
 #: Largest accuracy drop below the sklearn reference that still passes the check.
 TOLERANCE = {"sklearn": 0.0, "smo": 0.005, "dis_smo": 0.005, "cascade": 0.01, "dcsvm": 0.05, "cpsvm": 0.05,
              "casvm": 0.05}
 _references = {}  # (data, n, kind) -> reference values, on rank 0
-#: (samples, features) of the bundled sets (`svm.datasets.NAMES`), for the memory estimate.
-DATA_SHAPES = {"digits": (1797, 64), "mnist": (5000, 784), "breast_cancer": (569, 30)}
-#: Features of the generated sets (`svm.datasets.GENERATED`), drawn for the size asked for.
-GENERATED_FEATURES = {"synthetic": SYNTHETIC_FEATURES, "moons": 2}
-
-
-def data_source(variable, text, allowed):
-    """The data set: a name of `svm.datasets.NAMES` or an existing svmlight file."""
-    if text not in NAMES and not Path(text).is_file():
-        raise InputError(f"{variable} must be one of {', '.join(NAMES)} or an svmlight file, got {text!r}")
-    return text
-
-
-DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
-               "data set: a bundled name or an svmlight / LIBSVM file (mnist: at most 4,000 training samples)")
 
 
 def make_estimator(variant, comm):
@@ -111,34 +90,19 @@ class _State:
         self.host = self.host or (self.X_train, self.X_test, self.y_train, self.y_test)
 
 
-#: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
-_SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
-_PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
-
-
 class SVMSuite(Case):
-    name = "svm"
+    model_class = SVMModel
     benchmark = "svm_train"
-    variants = tuple(ESTIMATORS)
-    size_unit = "samples"
     size_help = "training samples of the data set (SVM_DATA); one run = one fit"
     default_sizes = "500,1000,2000,4000"
     metrics_help = ("items_per_s = training samples/s; metric accuracy (test set); params accuracy_gap (points "
                     "below serial), n_sv, n_iter, bytes_sent, predict_s")
     dtypes = ("float64",)
-    host_only_variants = {"sklearn": "scikit-learn's SVC runs on the host only"}
 
     description = ("Training a binary RBF C-SVM (C = 1, gamma = scale): scikit-learn's SVC and this project's "
                    "serial SMO on one rank against the distributed solvers Dis-SMO, Cascade, DC-SVM, CP-SVM and "
                    "CA-SVM. One run is one fit; the check compares the test accuracy with scikit-learn's on the "
                    "same data, within each method's tolerance.")
-    declared_settings = (DATA,)
-    superlinear_reasons = {
-        "cpsvm": _PARTITIONED,
-        "casvm": _PARTITIONED,
-        "cascade": _SMALLER.format("sub-problems first and passes on only their support vectors"),
-        "dcsvm": _SMALLER.format("sub-problems first, then a global solve warm-started from their support vectors"),
-    }
 
     def __init__(self, settings=None):
         super().__init__(settings)
@@ -146,23 +110,6 @@ class SVMSuite(Case):
 
     def iterations(self, size):
         return 3, 1
-
-    def predict(self, variant, size, ranks, calib):
-        """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
-        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
-        small ``Allreduce`` with a Python reduction op, a dozen NumPy calls and four passes over a rank's
-        n / p gradient entries; every kernel row computed once over the rank's n / p columns at the
-        calibrated RBF rate (scaled by ``n_features`` / 784); the final gathers. None for the other
-        variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
-        function of the constants, so a model would only restate the measurement."""
-        params = calib.get("point_params") or {}
-        if variant != "dis_smo" or not params.get("n_iter"):
-            return None
-        iterations, local = int(params["n_iter"]), size / ranks
-        step = 2 * (costs.allreduce(calib, 96, ranks) + costs.calls(calib, 2)) + costs.calls(calib, 12) + \
-            4 * costs.copy(calib, 8 * local)
-        rows = min(size, 2 * iterations) * local / calib["kernel_rows"] * params.get("n_features", 784) / 784
-        return iterations * step + rows + costs.allgather(calib, 8 * size, ranks)
 
     def setup(self, comm, size, variant, backend, dtype):
         reason = self.unavailable(comm, variant, backend)
@@ -196,19 +143,6 @@ class SVMSuite(Case):
     def params(self, state):
         return dict(_evaluate(state), dataset=state.data, n_features=int(state.X_train.shape[1]),
                     n_test=len(state.X_test), tolerance=TOLERANCE[state.variant])
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """The whole data set in float64 on every rank (the loaded set, its split copies; for an
-        svmlight file, twice the file's bytes as a guess), kernel-row caches bounded by
-        `svm.solver.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
-        reference fit on rank 0 (as much again)."""
-        samples, features = DATA_SHAPES.get(self.data, (None, None))
-        if self.data in GENERATED_FEATURES:
-            samples, features = round(problem / (1 - TEST_FRACTION)) + 1, GENERATED_FEATURES[self.data]
-        data = 3 * 8 * samples * features if samples else 2 * Path(self.data).stat().st_size
-        cache = min(DEFAULT_CACHE_BYTES, 8 * problem * problem) + 8 * problem * 64
-        return data + cache * (2 if check else 1)
-
 
 def _evaluate(state):
     """Accuracy, model figures and references of the last fit, computed once (collective on ``state.comm``)."""

@@ -12,7 +12,7 @@ One run is one forward and one backward pass of the block ``hidden -> ffn -> hid
 
 Both parallel variants split ``ffn`` over the ranks (any remainder; ``ffn >= p``).
 
-Settings (`SETTINGS`, recorded in params): model width ``h`` and inner width ``f``
+Settings (`bench.models.tp.SETTINGS`, recorded in params): model width ``h`` and inner width ``f``
 (default ``4 h``).
 
 Inputs ``x`` and ``dy`` (T, h) are standard normal from a seed, the same on every
@@ -43,9 +43,8 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
-from bench.families import costs
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
-from bench.settings import Setting, integer
+from bench.models.tp import TensorParallelModel
 from kernels.errors import InputError
 from parallel.tensor.tensor_parallel import ParallelMLP, serial_mlp, token_shard
 
@@ -53,23 +52,9 @@ SEED = 2024
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 
 
-SETTINGS = (
-    Setting("TP_HIDDEN", integer, 1024, 1, "model width h"),
-    Setting("TP_FFN", integer, None, 1, "inner width f (default 4 h)"),
-)
-
-
-def read_settings(settings):
-    """Block sizes ``hidden`` and ``ffn`` from the suite's ``settings``."""
-    hidden = settings["TP_HIDDEN"]
-    return dict(hidden=hidden, ffn=settings["TP_FFN"] or 4 * hidden)
-
-
 class TensorParallel(Case):
-    name = "tp"
+    model_class = TensorParallelModel
     benchmark = "tensor_parallel_mlp"
-    variants = ("allreduce", "sequence", "serial")
-    size_unit = "tokens"
     size_help = "tokens T (batch x sequence; weak: per rank); one run = MLP block forward + backward"
     default_sizes = "256:4K"
     metrics_help = ("items_per_s = tokens/s; gflops = 12 T h f / s; metric comm_share (largest rank); "
@@ -79,17 +64,10 @@ class TensorParallel(Case):
                    "split over the ranks: one allreduce per pass, or sequence parallelism with an allgather and a "
                    "reduce-scatter, against the serial block on one rank. Every output and gradient element is "
                    "checked against the serial block in the run's dtype.")
-    declared_settings = SETTINGS
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        self.config = read_settings(self.settings)
-
-    def check_ranks(self, ranks, variant):
-        if variant == "serial" and ranks != 1:
-            raise InputError(f"tp variant serial runs on one rank, not {ranks}")
-        if self.config["ffn"] < ranks:
-            raise InputError(f"tp: ffn {self.config['ffn']} cannot be split over {ranks} ranks")
+        self.config = self.model.config
 
     def iterations(self, size):
         return (10, 2) if size <= 2048 else (5, 1)
@@ -133,28 +111,3 @@ class TensorParallel(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
-
-    def predict(self, variant, size, ranks, calib):
-        """Six GEMMs of (T, h) x (h, ceil(f / p)) (two forward, four backward; `costs.gemm`), the ReLU,
-        and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
-        of T h (sequence)."""
-        hidden, ffn = self.config["hidden"], self.config["ffn"]
-        item, local = costs.itemsize(calib), math.ceil(ffn / ranks)
-        compute = 6 * costs.gemm(calib, size, local, hidden, ranks) + 3 * costs.copy(calib, size * local * item)
-        activations = size * hidden * item
-        if variant == "serial":
-            return compute
-        if variant == "allreduce":
-            return compute + 2 * costs.allreduce(calib, activations, ranks)
-        exchange = costs.allgather(calib, activations, ranks) + costs.reduce_scatter(calib, activations, ranks)
-        return compute + 2 * (exchange + costs.allgather(calib, 8 * ranks, ranks))
-
-    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
-        """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's
-        ``ffn / p`` columns of both weights with gradients and ``T x ffn / p`` activations;
-        the check runs the whole serial block (all weights, ``T x ffn`` activations)."""
-        tokens, hidden, ffn = problem, self.config["hidden"], self.config["ffn"]
-        share = -(-ffn // ranks)
-        run = 5 * tokens * hidden + 4 * hidden * share + 3 * tokens * share
-        reference = 4 * hidden * ffn + 3 * tokens * ffn + 2 * tokens * hidden
-        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * tokens * hidden

@@ -1,4 +1,4 @@
-"""What the suites ``blas1``, ``gemv`` and ``gemm`` share: seeded inputs, checks, settings, metrics, models.
+"""What the suites ``blas1``, ``gemv`` and ``gemm`` share: seeded inputs, checks, the run, metrics.
 
 Implicit against explicit parallelism. The library variants (``numpy``; in blas1
 ``numpy_dot``, ``numpy_nrm2``, ``numpy_axpy``), first in each suite (the report's
@@ -15,9 +15,11 @@ count, i.e. a kernel on one rank against the library.
 Weak scaling keeps the work per rank fixed: n is multiplied by p^(1/e) for work
 growing as n^e (rounded to an integer).
 
-Settings (declared below: `GRID` for gemv 2d and gemm summa, summa_lookahead, summa_shared,
+Settings (`bench.models.blas`: `GRID` for gemv 2d and gemm summa, summa_lookahead, summa_shared,
 `PANEL` and `REPLICAS` for gemm; recorded in ``params``): a grid without ``ranks``
 ranks is an InputError (skipped with a note in sweeps that do not name the variant).
+The cost models, the rank counts that fit and the grids are the suites' models'
+(`bench.models.blas`, `bench.models.blas1` / `gemv` / `gemm`).
 
 Inputs. Row i of a global matrix M (A, B; the vectors x and y are the rows of a
 matrix ``VECTOR_ROW`` wide, read in order) is drawn from the generator seeded
@@ -51,9 +53,7 @@ layout (grid shape), panel (the summa variants), replicas (25d), node_shared (su
 comm_bytes_per_rank (from the cost model), blas_threads (as pinned in setup),
 tf32 (gemv, gemm: whether CuPy computes float32 products in TF32; false on numpy).
 """
-import math
 import os
-from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,8 +61,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info
 
 from bench.case import Case, Metrics
-from bench.families import costs
-from bench.settings import Setting, integer
+from bench.models.blas import CHUNK_ROWS, VECTOR_ROW, is_library
 from kernels.backend import array_module
 from kernels.distmatrix import DistMatrix, timed
 from kernels.distribution import ProcessGrid
@@ -71,17 +70,8 @@ from kernels.gemm import grid_25d
 
 SEED = 2024
 MATRIX_IDS = {"A": 1, "B": 2, "x": 3, "y": 4}
-VECTOR_ROW = 1 << 16      # a seeded vector is the rows of a matrix this wide, read in order
-CHUNK_ROWS = 256          # rows generated at a time (bounds the temporaries)
-WORD = 8                  # the cost models count float64 words
-GRID_VARIANTS = ("2d", "summa", "summa_lookahead", "summa_shared")
-CANNON_VARIANTS = ("cannon", "cannon_overlap")
 TF32_EPS = 2.0 ** -10     # TF32 keeps 10 of float32's 23 mantissa bits
 
-#: Per-rank cost of one run: messages, words sent, flops, words read or written in memory.
-#: Per rank: messages, words sent, flops, words streamed through memory, and (compute-bound
-#: suites) the local products ``(count, m, n, k)``: ``count`` GEMMs of (m, k) by (k, n).
-Cost = namedtuple("Cost", "messages words flops stream_words products", defaults=(None,))
 
 
 def seeded_rows(name, rows, width, dtype="float64"):
@@ -130,26 +120,6 @@ def tf32_enabled(backend):
         return False
 
 
-def is_library(variant):
-    """Whether ``variant`` is a one-process library call (``numpy*`` on the host, ``cupy`` on one GPU)."""
-    return variant.startswith("numpy") or variant == "cupy"
-
-
-def grid(variable, text, allowed):
-    """``(pr, pc)`` from ``PRxPC`` text such as ``2x1``; None for empty text."""
-    text = text.lower()
-    parts = text.split("x")
-    if text and (len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts)):
-        raise InputError(f"{variable} must be rows x columns such as 2x1, got {text!r}")
-    return tuple(int(p) for p in parts) if text else None
-
-
-GRID = Setting("GRID", grid, None, "PRxPC", "grid of gemv 2d and gemm summa (default: as square as "
-                                              "MPI_Dims_create makes it)")
-PANEL = Setting("GEMM_PANEL", integer, 256, 1, "SUMMA panel width")
-REPLICAS = Setting("GEMM_REPLICAS", integer, 2, 1, "replicas c of gemm 25d")
-
-
 def library_kernel(function, *args):
     """A kernel calling ``function(*args)``, timed as computation (the library variants never communicate)."""
     xp = array_module(*args)
@@ -180,50 +150,15 @@ class _State:
 
 
 class BlasCase(Case):
-    """What the three suites share: settings, rank checks, the run, metrics and the cost-model prediction.
+    """What the three suites share: the set-up, the run and metrics; rank counts, grids and costs
+    are the model's (``self.model``, a `bench.models.blas.BlasModel`).
 
-    A suite sets ``work_exponent`` (work grows as n to that power) and ``compute_bound``
-    (GEMM: modelled by its flop rate, else by memory traffic), and implements
-    ``build(state)`` (fills ``state.kernel`` and ``state.data``, with ``"layout"``
-    a string or a `ProcessGrid`), ``check``,
-    ``flops(n)`` (nominal, global) and ``cost(variant, n, p)`` (a `Cost`).
-    ``matrix_products`` (gemv, gemm) records param ``tf32``.
+    A suite implements ``build(state)`` (fills ``state.kernel`` and ``state.data``, with
+    ``"layout"`` a string or a `ProcessGrid`), ``check`` and ``flops(n)`` (nominal,
+    global). ``matrix_products`` (gemv, gemm) records param ``tf32``.
     """
 
-    size_unit = "n"
-    work_exponent = 1
-    compute_bound = False
     matrix_products = False
-
-    def __init__(self, settings=None):
-        super().__init__(settings)
-        self.grid, self.panel, self.replicas = (self.settings.get(s.name) for s in (GRID, PANEL, REPLICAS))
-
-    def check_ranks(self, ranks, variant):
-        if is_library(variant) and ranks != 1:
-            raise InputError(f"{variant} is one process using every core (implicit parallelism): "
-                             f"it runs on 1 rank, not {ranks}")
-        if variant in GRID_VARIANTS and self.grid and self.grid[0] * self.grid[1] != ranks:
-            raise InputError(f"MLSCALE_GRID={self.grid[0]}x{self.grid[1]} does not fit {ranks} ranks")
-        if variant in CANNON_VARIANTS and math.isqrt(ranks) ** 2 != ranks:
-            raise InputError(f"{variant} needs a perfect square rank count, not {ranks}")
-        if variant == "25d" and (ranks % self.replicas or math.isqrt(ranks // self.replicas) ** 2 * self.replicas
-                                 != ranks):
-            raise InputError(f"25d needs c | p and p / c a perfect square with c = MLSCALE_GEMM_REPLICAS = "
-                             f"{self.replicas}; p = {ranks} does not fit")
-
-    def problem_size(self, size, ranks, scaling):
-        return size if scaling == "strong" else int(round(size * ranks ** (1 / self.work_exponent)))
-
-    def grid_dims(self, variant, ranks):
-        """Process-grid shape of ``variant`` on ``ranks`` ranks; None for the 1D layouts."""
-        if variant in GRID_VARIANTS:
-            return self.grid or tuple(MPI.Compute_dims(ranks, [0, 0]))
-        if variant in CANNON_VARIANTS:
-            return (math.isqrt(ranks),) * 2
-        if variant == "25d":
-            return (math.isqrt(ranks // self.replicas),) * 2 + (self.replicas,)
-        return None
 
     def teardown(self, state):
         layout = state.data.get("layout")
@@ -233,8 +168,8 @@ class BlasCase(Case):
     def layout(self, comm, variant, one_d):
         """Where ``variant`` puts its matrices on ``comm``: its `ProcessGrid` (freed by `teardown`), or ``one_d``."""
         if variant == "25d":
-            return grid_25d(comm, self.replicas)
-        dims = self.grid_dims(variant, comm.size)
+            return grid_25d(comm, self.model.replicas)
+        dims = self.model.grid_dims(variant, comm.size)
         return ProcessGrid(comm, dims) if dims else one_d
 
     def setup(self, comm, size, variant, backend, dtype):
@@ -249,15 +184,15 @@ class BlasCase(Case):
         layout = state.data["layout"]
         label = "x".join(map(str, layout.dims)) if isinstance(layout, ProcessGrid) else (
             "1 process" if is_library(variant) else layout)
-        words = self.cost(variant, size, comm.size).words
+        words = self.model.cost(variant, size, comm.size).words
         state.params = dict(layout=label, comm_bytes_per_rank=round(words * np.dtype(dtype).itemsize),
                             blas_threads=_blas_threads())
         if self.matrix_products:
             state.params["tf32"] = tf32_enabled(backend)
         if variant.startswith("summa"):
-            state.params["panel"] = self.panel
+            state.params["panel"] = self.model.panel
         if variant == "25d":
-            state.params["replicas"] = self.replicas
+            state.params["replicas"] = self.model.replicas
         return state
 
     def run(self, state):
@@ -284,30 +219,3 @@ class BlasCase(Case):
     def check_eps(self, state):
         """Epsilon of the check: TF32's for float32 products in TF32, else None (the dtype's own)."""
         return TF32_EPS if state.params.get("tf32") and np.dtype(state.dtype) == np.float32 else None
-
-    def predict(self, variant, size, ranks, calib):
-        """Cost of the messages and words of `cost` (float64) plus the computation.
-
-        Computation: the local products of ``cost.products`` at the calibrated GEMM rate of
-        their shapes (else ``flops`` at the rate of a rank's block size, n / sqrt p), at the
-        threads and sharing of one of ``ranks`` ranks (`bench.families.costs.gemm`);
-        memory-bound suites stream their words as a copy of half as many (a copy reads and
-        writes each byte). Messages: the calibrated one-way time of a message of the mean
-        size; one Python call per run. None when ``variant`` cannot run on ``ranks`` ranks.
-        """
-        try:
-            self.check_ranks(ranks, variant)
-        except InputError:
-            return None
-        cost = self.cost(variant, size, ranks)
-        if self.compute_bound and cost.products:
-            count, m, n, k = cost.products
-            compute = count * costs.gemm(calib, m, n, k, ranks)
-        elif self.compute_bound:
-            side = size / math.sqrt(ranks)  # a rank's blocks of the product
-            compute = costs.gemm(calib, side, side, side, ranks) * cost.flops / (2 * side**3)
-        else:
-            compute = costs.copy(calib, cost.stream_words * WORD / 2)
-        bytes_sent = cost.words * WORD
-        per_message = costs.message(calib, bytes_sent / cost.messages) if cost.messages else 0.0
-        return calib["overhead_s"] + cost.messages * per_message + compute

@@ -4,6 +4,7 @@ import functools
 
 import numpy as np
 
+from bench.models.pp import CHECK_SAMPLES
 from kernels.datasets import load_mnist_sample
 
 from parallel.nn.layers import softmax_cross_entropy
@@ -12,7 +13,6 @@ from parallel.nn.optim import SGD
 
 SEED = 2024
 LEARNING_RATE = 0.01
-CHECK_SAMPLES = 256
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 
 

@@ -88,13 +88,13 @@ def spread(values, most):
     return [values[i] for i in sorted(picks)]
 
 
-def superlinear(entries, case):
+def superlinear(entries, model):
     """Points of a compute suite more than `SUPERLINEAR_EFFICIENCY` efficient, each with a reason.
 
-    The reason is the case's own (``superlinear_reasons``, by variant) when it
+    The reason is the suite's own (its model's ``superlinear_reasons``, by variant) when it
     gives one, else `GENERIC_SUPERLINEAR_REASON`.
     """
-    reasons = case.superlinear_reasons if case is not None else {}
+    reasons = model.superlinear_reasons if model is not None else {}
     return [dict({c: e[c] for c in GROUP}, ranks=e["ranks"], speedup=e["speedup"], efficiency=e["efficiency"],
                  reason=reasons.get(e["variant"], GENERIC_SUPERLINEAR_REASON))
             for e in entries

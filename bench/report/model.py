@@ -1,7 +1,7 @@
 """Cost-model constants: loading (and combining) the files ``mlscale calibrate`` writes.
 
-`bench.calibrate` measures the constants; cases declare their cost in these
-terms (`bench.case.Case.predict`, helpers in `bench.families.costs`); ``mlscale
+`bench.calibrate` measures the constants; suites declare their cost in these
+terms (`bench.models`: each suite's `predict`, helpers in `bench.models.terms`); ``mlscale
 report --model calib.json`` puts the prediction beside each measurement and
 ``--project 64,256,1024`` extrapolates to rank counts this machine cannot run.
 
@@ -34,8 +34,9 @@ def load_calibration(path):
 
     Raises `InputError` naming ``path`` when it cannot be read or parsed, is not a
     JSON object, lacks one of `KEYS` (an older file: re-run calibrate), holds a
-    constant of `NUMBERS` that is not a finite number > 0 or a table that is not a
-    list or object, or names an unknown ``scope``.
+    constant of `NUMBERS` that is not a finite number > 0, a table (of `TABLES`, also
+    under ``busy``) that is not a non-empty list or object of finite numbers (nested
+    lists and objects, none empty), or names an unknown ``scope``.
     """
     try:
         with open(path, encoding="utf-8") as handle:
@@ -52,11 +53,17 @@ def load_calibration(path):
                          f" (missing {missing[0]!r}); run mlscale calibrate again")
     for key in NUMBERS:
         value = calib[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
-    for key in TABLES:
-        if not isinstance(calib[key], (list, dict)) or not calib[key]:
-            raise InputError(f"{path}: {key} must be a non-empty table; run mlscale calibrate")
+    busy = calib.get("busy")
+    for name, table in [(key, calib[key]) for key in TABLES] + [
+            (f"busy.{key}", busy[key]) for key in TABLES if isinstance(busy, dict) and key in busy]:
+        if not isinstance(table, (list, dict)) or not table:
+            raise InputError(f"{path}: {name} must be a non-empty table; run mlscale calibrate")
+        wrong = _not_a_number(table)
+        if wrong:
+            raise InputError(f"{path}: {name} must hold numbers only, got {json.dumps(wrong[0])}; "
+                             "run mlscale calibrate")
     scope = calib.setdefault("scope", "intra-node")
     if scope not in SCOPES:
         raise InputError(f"{path}: scope must be one of {', '.join(SCOPES)}, got {json.dumps(scope)}")
@@ -91,10 +98,20 @@ def for_projection(calib):
     return calib, f"{calib.get('scope', 'intra-node')} constants of {_source(calib)} (no inter-node calibration given)"
 
 
+def _finite(value):
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _not_a_number(table):
+    """``(entry,)``: the first entry of the nested lists and objects ``table`` that is not a finite number
+    (an empty list or object counts as one), or ``()`` when every entry is."""
+    if isinstance(table, (list, dict)):
+        entries = list(table.values() if isinstance(table, dict) else table)
+        if not entries:
+            return (table,)
+        return next((wrong for wrong in map(_not_a_number, entries) if wrong), ())
+    return () if _finite(table) else (table,)
+
+
 def _source(calib):
     return calib.get("path", "the calibration given")
-
-
-def log2_ceil(p):
-    """Rounds of a binomial tree over ``p`` ranks."""
-    return max(0, (p - 1).bit_length())

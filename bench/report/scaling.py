@@ -23,7 +23,8 @@ import os
 from collections import defaultdict
 
 from bench.csvio import read_rows, row_problem
-from bench.registry import get_case
+from bench.models import get_model
+from bench.models.base import MAX_PROJECTED_RANKS
 from bench.report.model import for_projection
 from kernels.errors import InputError
 
@@ -66,28 +67,30 @@ def load_results(paths):
 
 
 class Suites:
-    """Cases by suite name, loaded once; None for a suite this installation cannot load."""
+    """The suites' models (`bench.models`) by suite name, loaded once with the settings of the ``MLSCALE_*``
+    variables; None for a suite without a model (a custom ``module:Class`` case) or whose settings do not
+    resolve."""
 
     def __init__(self):
-        self._cases = {}
+        self._models = {}
 
     def __getitem__(self, name):
-        if name not in self._cases:
+        if name not in self._models:
             try:
-                self._cases[name] = get_case(name)
+                self._models[name] = get_model(name)
             except InputError:
-                self._cases[name] = None
-        return self._cases[name]
+                self._models[name] = None
+        return self._models[name]
 
 
-def _predict(case, key, ranks, calib, params=None):
-    """The case's prediction, with the point's dtype, ranks and recorded ``params`` in the calibration (see
-    `bench.case.Case.predict`)."""
-    if case is None or calib is None:
+def _predict(model, key, ranks, calib, params=None):
+    """The model's prediction, with the point's dtype, ranks and recorded ``params`` in the calibration (see
+    `bench.models.base.Model.predict`)."""
+    if model is None or calib is None:
         return None
     suite, benchmark, variant, backend, dtype, scaling, size, settings = key
-    return case.predict(variant, case.problem_size(int(size), ranks, scaling), ranks,
-                        dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
+    return model.predict(variant, model.problem_size(int(size), ranks, scaling), ranks,
+                         dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
 
 
 def suite_kind(rows):
@@ -143,11 +146,11 @@ def scaling_table(rows, calib=None, suites=None):
 def reference_variant(suite, rows, suites, backend="numpy"):
     """The suite's reference on ``backend``: its first variant that runs there (gemm: ``numpy`` on
     the host, ``cupy`` on a GPU), or (a suite this installation cannot load) the first one read."""
-    case = suites[suite]
-    if not case:
+    model = suites[suite]
+    if not model:
         return next(r["variant"] for r in rows if r["suite"] == suite)
-    elsewhere = case.device_only_variants if backend == "numpy" else case.host_only_variants
-    return next((variant for variant in case.variants if variant not in elsewhere), case.variants[0])
+    elsewhere = model.device_only_variants if backend == "numpy" else model.host_only_variants
+    return next((variant for variant in model.variants if variant not in elsewhere), model.variants[0])
 
 
 def _same_bytes(ref, row):
@@ -214,7 +217,13 @@ def serial_fractions(table):
 
 def projections(table, calib, rank_counts, suites=None):
     """Predicted seconds at ``rank_counts`` for every group of a compute suite that declares a cost model,
-    with inter-node message constants when the calibration has them (`bench.report.model.for_projection`)."""
+    with inter-node message constants when the calibration has them (`bench.report.model.for_projection`).
+
+    Raises `InputError` for a rank count above `bench.models.base.MAX_PROJECTED_RANKS`.
+    """
+    if rank_counts and max(rank_counts) > MAX_PROJECTED_RANKS:
+        raise InputError(f"--project {max(rank_counts)}: the cost models project to at most {MAX_PROJECTED_RANKS} "
+                         "ranks")
     suites = suites or Suites()
     calib = for_projection(calib)[0]
     groups = {tuple(e[c] for c in GROUP): e["params"] for e in table if e["kind"] == COMPUTE}

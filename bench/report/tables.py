@@ -52,7 +52,7 @@ def communication_tables(entries):
     return tables
 
 
-def batch_size_tables(entries, case):
+def batch_size_tables(entries, model):
     """Time per epoch and peak memory against the global batch, per model, rank count and `BATCH_GROUP`.
 
     For training suites whose points record ``samples_per_epoch`` (or, from older
@@ -60,7 +60,7 @@ def batch_size_tables(entries, case):
     measured median step time x ``ceil(samples_per_epoch / batch)`` (else the
     suite's own estimate, marked ``estimate``); the peak memory is
     ``peak_memory_mib`` (None when not recorded). The batch is the global one:
-    ``case.problem_size`` of the point (``size`` x ranks under weak scaling).
+    the suite model's ``problem_size`` of the point (``size`` x ranks under weak scaling).
     Returns one dict per table: ``model``, ``ranks``, ``group`` and ``rows``
     (batch, time_per_epoch_s, time_source, peak_memory_mib), sorted by batch.
     """
@@ -75,7 +75,7 @@ def batch_size_tables(entries, case):
     for key in sorted(groups):
         rows = []
         for entry in groups[key]:
-            batch = _global_batch(entry, case)
+            batch = _global_batch(entry, model)
             seconds, source = _epoch_seconds(entry, batch)
             memory = entry["params"].get("peak_memory_mib")
             rows.append(dict(batch=batch, time_per_epoch_s=seconds, time_source=source,
@@ -85,10 +85,10 @@ def batch_size_tables(entries, case):
     return tables
 
 
-def _global_batch(entry, case):
+def _global_batch(entry, model):
     size, ranks, scaling = int(entry["size"]), entry["ranks"], entry["scaling"]
-    if case is not None:
-        return case.problem_size(size, ranks, scaling)
+    if model is not None:
+        return model.problem_size(size, ranks, scaling)
     return size if scaling == "strong" else size * ranks
 
 

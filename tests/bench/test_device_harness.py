@@ -40,22 +40,22 @@ def params_of(row):
 
 def sweep(comm, backend, monkeypatch, tmp_path, variants, named=False, warmup=0):
     """Run `run_sweep` on ``backend`` (given to the harness as if `get_backend` made it); return
-    (the case, the config, the CSV rows on every rank)."""
+    (the case, the sweep's result, the CSV rows on every rank)."""
     monkeypatch.setattr(bench.sweep, "get_backend", lambda name, comm: backend)
     path = comm.bcast(str(tmp_path / "fake.csv"), root=0)
     config = SweepConfig(suite="fake", variants=list(variants), sizes=[4], ranks=[comm.size], csv_path=path,
                          iters=2, warmup=warmup, backend=backend.name, dtype="float64", variants_named=named)
     case = DeviceVariants()
-    run_sweep(comm, case, config, emit=lambda row: None)
+    result = run_sweep(comm, case, config, emit=lambda row: None)
     rows = comm.bcast([row for _, row in read_rows(path)] if comm.rank == 0 else None, root=0)
-    return case, config, rows
+    return case, result, rows
 
 
 @pytest.mark.mpi(min_size=1)
 def test_a_device_sweep_skips_host_only_variants_and_records_the_device(comm, device_backend, monkeypatch, tmp_path):
-    case, config, rows = sweep(comm, device_backend, monkeypatch, tmp_path, DeviceVariants.variants)
+    case, result, rows = sweep(comm, device_backend, monkeypatch, tmp_path, DeviceVariants.variants)
     assert [row["variant"] for row in rows] == ["anywhere", "device_only"]
-    assert "host_only skipped on cupy: a host library on purpose" in config.skipped
+    assert "host_only skipped on cupy: a host library on purpose" in result.skipped
     assert all("CuPy" in row["device"] and "CUDA" in row["device"] for row in rows)
     assert {row["warmup"] for row in rows} == {str(DEVICE_WARMUP)}  # --warmup 0 raised on a device
     assert case.runs >= 2 * (DEVICE_WARMUP + 2)
@@ -69,9 +69,9 @@ def test_a_device_sweep_skips_host_only_variants_and_records_the_device(comm, de
 
 @pytest.mark.mpi(min_size=1)
 def test_a_host_sweep_skips_device_only_variants_and_records_no_device(comm, monkeypatch, tmp_path):
-    _, config, rows = sweep(comm, get_backend("numpy"), monkeypatch, tmp_path, DeviceVariants.variants, warmup=0)
+    _, result, rows = sweep(comm, get_backend("numpy"), monkeypatch, tmp_path, DeviceVariants.variants, warmup=0)
     assert [row["variant"] for row in rows] == ["anywhere", "host_only"]
-    assert "device_only skipped on numpy: a device library on purpose" in config.skipped
+    assert "device_only skipped on numpy: a device library on purpose" in result.skipped
     assert {row["device"] for row in rows} == {""} and {row["warmup"] for row in rows} == {"0"}
     assert all("device_peak_bytes" not in params_of(row) for row in rows)
 

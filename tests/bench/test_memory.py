@@ -1,13 +1,14 @@
-"""Memory and core checks before measuring (bench.resources, Case.memory_bytes), --force, --np, --threads."""
+"""Memory and core checks before measuring (bench.resources, the models' memory_bytes), --force, --np, --threads."""
 import os
 
 import pytest
 
 from bench import resources
-from bench.case import Case
 from bench.cli import build_parser
+from bench.models import get_model
+from bench.models.base import Model
 from bench.options import make_config
-from bench.registry import SUITES, case_class, get_case
+from bench.registry import SUITES, get_case
 from kernels.errors import InputError
 from tests.clitools import mlscale
 
@@ -20,20 +21,21 @@ RANKS = {"p2p": 2, "ps": 2}
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_every_suite_estimates_memory_that_grows_with_the_size(suite):
     case = get_case(suite)
-    assert type(case).memory_bytes is not Case.memory_bytes, f"{suite} keeps the default estimate"
+    model = case.model
+    assert type(model).memory_bytes is not Model.memory_bytes, f"{suite} keeps the default estimate"
     ranks, variant, dtype = RANKS.get(suite, 1), case.variants[0], case.dtypes[0]
     if suite in ("gemm", "gemv", "blas1", "tp"):
         variant = {"gemm": "numpy", "gemv": "numpy", "blas1": "numpy_axpy", "tp": "serial"}[suite]
-    small = case.memory_bytes(SMALL[suite], ranks, variant, dtype)
-    large = case.memory_bytes(64 * SMALL[suite], ranks, variant, dtype)
+    small = model.memory_bytes(SMALL[suite], ranks, variant, dtype)
+    large = model.memory_bytes(64 * SMALL[suite], ranks, variant, dtype)
     assert 0 < small < large
-    assert case.memory_bytes(SMALL[suite], ranks, variant, dtype, check=False) <= small
+    assert model.memory_bytes(SMALL[suite], ranks, variant, dtype, check=False) <= small
 
 
 def test_the_gemm_and_allreduce_examples_of_the_issue():
-    gemm = get_case("gemm").memory_bytes(32 << 10, 1, "numpy", "float64")
+    gemm = get_model("gemm").memory_bytes(32 << 10, 1, "numpy", "float64")
     assert 24 * GIB <= gemm < 48 * GIB
-    assert get_case("allreduce").memory_bytes(64 * GIB, 1, "mpi", "float64") >= 128 * GIB
+    assert get_model("allreduce").memory_bytes(64 * GIB, 1, "mpi", "float64") >= 128 * GIB
 
 
 def fake_node(monkeypatch, memory, cores=2):
@@ -144,12 +146,12 @@ def test_every_rank_of_the_job_gets_the_same_verdict(monkeypatch):
 
 @pytest.mark.parametrize("data", ["digits", "mnist", "breast_cancer", "synthetic", "moons", "FILE"])
 def test_the_svm_estimate_covers_every_data_source(tmp_path, data):
+    from bench.models.svm import SVMModel
     from bench.settings import resolve
 
     if data == "FILE":
         data = str(tmp_path / "tiny.svm")
         with open(data, "w") as handle:
             handle.write("+1 1:0.5 2:1.0\n-1 1:0.1 2:0.2\n")
-    cls = case_class("svm")
-    case = cls(resolve(cls.declared_settings, [f"SVM_DATA={data}"], {}, "svm"))
-    assert 0 < case.memory_bytes(100, 2, "smo", "float64", check=False) < case.memory_bytes(100, 2, "smo", "float64")
+    model = SVMModel(resolve(SVMModel.declared_settings, [f"SVM_DATA={data}"], {}, "svm"))
+    assert 0 < model.memory_bytes(100, 2, "smo", "float64", check=False) < model.memory_bytes(100, 2, "smo", "float64")

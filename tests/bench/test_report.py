@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bench.csvio import COLUMNS, SCHEMA_VERSION
-from bench.registry import get_case
+from bench.models import get_model
 from bench.report.output import write_report
 from bench.report.scaling import scaling_table, serial_fractions
 from kernels.errors import InputError
@@ -45,10 +45,10 @@ def test_report_files_model_and_projection_of_a_compute_suite(tmp_path):
     path = write_points(tmp_path / "a.csv", amdahl_points("numpy", 0.1) + amdahl_points("rows", 0.2))
     lines, _ = write_report([path], str(tmp_path / "out"), CALIB, [64, 1024])
     assert any("model error" in line for line in lines)
-    case = get_case("gemv")
+    model = get_model("gemv")
     with open(tmp_path / "out" / "scaling.csv") as handle:
         rows2 = next(r for r in csv.DictReader(handle) if r["variant"] == "rows" and r["ranks"] == "2")
-    assert float(rows2["predicted_s"]) == pytest.approx(case.predict("rows", 1024, 2, CALIB), rel=1e-5)
+    assert float(rows2["predicted_s"]) == pytest.approx(model.predict("rows", 1024, 2, CALIB), rel=1e-5)
     with open(tmp_path / "out" / "projection.csv") as handle:
         projected = {(r["variant"], r["ranks"]) for r in csv.DictReader(handle)}
     assert ("rows", "1024") in projected and ("rows", "64") in projected

@@ -11,6 +11,9 @@ from bench.families.blas import seeded_rows
 from bench.cases.gemm import Gemm
 from bench.cases.gemv import Gemv
 from bench.families.blas import TF32_EPS
+from bench.models.blas1 import Blas1Model
+from bench.models.gemm import GemmModel
+from bench.models.gemv import GemvModel
 from kernels.backend import get_backend
 from kernels.errors import InputError
 from tests.bench.report_rows import calibration
@@ -42,7 +45,7 @@ def test_weak_sweep_of_every_variant_on_1_and_2_ranks(tmp_path, suite, size, exp
     case = CASES[suite]()
     for row in rows:
         params, ranks = json.loads(row["params"]), int(row["ranks"])
-        assert params["problem_size"] == case.problem_size(int(size), ranks, "weak")
+        assert params["problem_size"] == case.model.problem_size(int(size), ranks, "weak")
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
         assert 0 <= params["exposed_comm_s"] <= params["busy_s"]
         assert float(row["gflops"]) > 0
@@ -124,12 +127,12 @@ def test_rank_checks_and_settings(monkeypatch):
 
 
 def test_weak_scaling_keeps_the_work_per_rank():
-    assert Blas1().problem_size(1000, 3, "weak") == 3000
-    assert Gemv().problem_size(100, 4, "weak") == 200
-    assert Gemv().problem_size(100, 2, "weak") == 141
-    assert Gemm().problem_size(100, 8, "weak") == 200
-    assert Gemm().problem_size(100, 2, "weak") == 126
-    assert Gemm().problem_size(100, 8, "strong") == 100
+    assert Blas1Model().problem_size(1000, 3, "weak") == 3000
+    assert GemvModel().problem_size(100, 4, "weak") == 200
+    assert GemvModel().problem_size(100, 2, "weak") == 141
+    assert GemmModel().problem_size(100, 8, "weak") == 200
+    assert GemmModel().problem_size(100, 2, "weak") == 126
+    assert GemmModel().problem_size(100, 8, "strong") == 100
 
 
 def _ran_once(case, variant, n, corrupt=None):
@@ -156,13 +159,13 @@ def test_checks_count_nan_and_wrong_entries():
 
 def test_cost_models():
     calib = calibration(alpha=1e-6, beta=1e-9, gamma=1e-10, overhead=1e-7, copy=1e-10, rate=1e10)
-    gemm = Gemm()
+    gemm = GemmModel()
     assert gemm.predict("cannon", 64, 3, calib) is None and gemm.predict("numpy", 64, 2, calib) is None
     compute_only = calibration(alpha=0, beta=0, overhead=0, rate=1e10)
     assert gemm.predict("summa", 400, 4, compute_only) == pytest.approx(8 * gemm.predict("summa", 200, 4,
                                                                                         compute_only))
     assert gemm.predict("summa", 1000, 4, calib) > gemm.predict("summa", 1000, 4, compute_only)
-    assert gemm.predict("numpy", 64, 1, calib) > 0 and Blas1().predict("numpy_dot", 64, 1, calib) > 0
+    assert gemm.predict("numpy", 64, 1, calib) > 0 and Blas1Model().predict("numpy_dot", 64, 1, calib) > 0
     for plain, overlapped in (("summa", "summa_lookahead"), ("cannon", "cannon_overlap")):
         assert gemm.cost(overlapped, 1000, 4).words == gemm.cost(plain, 1000, 4).words
         assert gemm.memory_bytes(1000, 4, overlapped, "float64") > gemm.memory_bytes(1000, 4, plain, "float64")
@@ -170,9 +173,9 @@ def test_cost_models():
     # 2 x 2 grid: k = 1000 cut at the block boundary 500, two panels of 250 per half; 2 one-step Ibcasts each.
     assert gemm.cost("summa_lookahead", 1000, 4).messages == 4 * 2
     latency_only = calibration(alpha=1.0, beta=0, gamma=0, overhead=0.5, copy=0, rate=1e30)
-    assert Gemv().predict("rows", 1000, 4, latency_only) == pytest.approx(0.5 + 3 * 1.5)  # a call, 3 messages
-    assert Gemv().predict("2d", 1000, 4, latency_only) == pytest.approx(0.5 + 2 * 1.5)
-    assert Blas1().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.5)
+    assert GemvModel().predict("rows", 1000, 4, latency_only) == pytest.approx(0.5 + 3 * 1.5)  # a call, 3 messages
+    assert GemvModel().predict("2d", 1000, 4, latency_only) == pytest.approx(0.5 + 2 * 1.5)
+    assert Blas1Model().predict("axpy", 1000, 4, latency_only) == pytest.approx(0.5)
 
 
 # --- the cupy backend (the simulated GPU always; CuPy when a GPU is visible) ---

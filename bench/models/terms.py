@@ -1,4 +1,4 @@
-"""Cost-model terms the suites' `predict` methods share, from a calibration (`bench.report.model`).
+"""Cost-model terms every suite's model (`bench.models`, `predict`) shares, from a calibration (`bench.report.model`).
 
 Every function takes the calibration dict ``calib`` first and returns seconds.
 Messages and local memory passes are interpolated in the measured tables (so
@@ -226,3 +226,8 @@ def pipeline(calib, stage_s, activation_bytes, micro_batches, stages, flush=True
     slots = micro_batches + (stages - 1 if flush else 0)
     sends = 2 * micro_batches * message(calib, activation_bytes) if stages > 1 else 0.0
     return slots * stage_s + sends
+
+
+def log2_ceil(p):
+    """Rounds of a binomial tree over ``p`` ranks."""
+    return max(0, (p - 1).bit_length())

@@ -1,8 +1,7 @@
-"""Cost-model terms (bench.families.costs) and every suite's `predict`: sizes, one rank, message counts."""
+"""Cost-model terms (bench.models.terms) and every suite model's `predict`: sizes, one rank, message counts."""
 import pytest
 
-from bench.families import costs
-from bench.registry import get_case
+from bench.models import get_model, terms
 from tests.bench.report_rows import BIG, calibration
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
@@ -15,9 +14,9 @@ SVM_POINT = dict(n_iter=10, n_features=784)
 
 def test_interpolate_is_flat_below_linear_between_and_extrapolated_above():
     table = [[8, 1.0], [16, 2.0], [32, 6.0]]
-    assert costs.interpolate(table, 1) == 1.0
-    assert costs.interpolate(table, 12) == pytest.approx(1.5)
-    assert costs.interpolate(table, 64) == pytest.approx(14.0)
+    assert terms.interpolate(table, 1) == 1.0
+    assert terms.interpolate(table, 12) == pytest.approx(1.5)
+    assert terms.interpolate(table, 64) == pytest.approx(14.0)
 
 
 @pytest.mark.parametrize("ranks, algorithm, messages, steps", [
@@ -32,33 +31,33 @@ def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, st
         expected = OVERHEAD + ALPHA * messages
     else:  # the call's Python path, then a Python message and a NumPy reduction per step
         expected = OVERHEAD + messages * (ALPHA + OVERHEAD) + reductions * 1e-3
-    assert costs.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
+    assert terms.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
 
 
 def test_gemm_rate_follows_threads_and_table():
     calib = calibration(rate=1e10, cores=2)
-    assert costs.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # 2 threads on 1 rank
-    assert costs.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 1e10)  # 1 thread each on 2 ranks
-    assert costs.gemm(calib, 0, 100, 100, 2) == 0.0
+    assert terms.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # 2 threads on 1 rank
+    assert terms.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 1e10)  # 1 thread each on 2 ranks
+    assert terms.gemm(calib, 0, 100, 100, 2) == 0.0
 
 
 def test_ranks_sharing_the_node_pay_what_sharing_cost_in_the_calibration():
     calib = calibration(rate=1e10, cores=2)
     calib["busy"] = dict(ranks=2, threads=1, gemm={"float64": [5e9] * 6}, reduce=[[1, 1.0], [BIG, 1.0]],
                          copy=calib["copy"])
-    assert costs.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # alone: 2 threads
-    assert costs.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 5e9)   # 1 thread, at half its alone rate
-    assert costs.reduction(calib, 8) < 1e-6 and costs.reduction(dict(calib, point_ranks=2), 8) == 1.0
+    assert terms.gemm(calib, 100, 100, 100, 1) == pytest.approx(2e6 / 2e10)  # alone: 2 threads
+    assert terms.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 5e9)   # 1 thread, at half its alone rate
+    assert terms.reduction(calib, 8) < 1e-6 and terms.reduction(dict(calib, point_ranks=2), 8) == 1.0
 
 
 def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
     calib = calibration(cores=1)
     calib["dp_step"] = {"float64": [[10, [0.5 + 3 * 10] * 2], [100, [0.5 + 3 * 100] * 2]]}
-    assert costs.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
+    assert terms.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
     calib["dp_step"]["float64"].append([1000, [0.5 + 3 * 100 + 2 * 900] * 2])  # steeper beyond 100 rows
-    assert costs.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
-    assert costs.fitted_step(calib, "dp_step", float, 1, 500) == pytest.approx((0.5 + 100, 2.0))
-    assert costs.fitted_step(calib, "dp_step", float, 1, 5000) == pytest.approx((0.5 + 100, 2.0))
+    assert terms.fitted_step(calib, "dp_step", float, 1, 50) == pytest.approx((0.5, 3.0))
+    assert terms.fitted_step(calib, "dp_step", float, 1, 500) == pytest.approx((0.5 + 100, 2.0))
+    assert terms.fitted_step(calib, "dp_step", float, 1, 5000) == pytest.approx((0.5 + 100, 2.0))
 
 
 # suite, variant, sizes (increasing), settings that make the variant modelled
@@ -80,12 +79,12 @@ MODELLED = [
 
 @pytest.mark.parametrize("suite, variant, sizes, settings", MODELLED)
 def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant, sizes, settings):
-    case, calib = get_case(suite), dict(calibration(), **settings)
+    model, calib = get_model(suite), dict(calibration(), **settings)
     ranks = 2
-    predicted = [case.predict(variant, size, ranks, calib) for size in sizes]
+    predicted = [model.predict(variant, size, ranks, calib) for size in sizes]
     assert all(p > 0 for p in predicted) and predicted == sorted(predicted) and predicted[0] < predicted[-1]
     if suite not in ("p2p", "ps"):  # both need two ranks
-        assert case.predict(variant, sizes[0], 1, calib) > 0
+        assert model.predict(variant, sizes[0], 1, calib) > 0
 
 
 @pytest.mark.parametrize("suite, variant, ranks, messages", [
@@ -107,25 +106,25 @@ def test_predictions_grow_with_size_and_are_positive_on_one_rank(suite, variant,
 ])
 def test_predictions_count_the_suites_messages(suite, variant, ranks, messages):
     calib = dict(LATENCY_ONLY, point_params=SVM_POINT)
-    assert get_case(suite).predict(variant, 1024, ranks, calib) == pytest.approx(messages, rel=1e-6)
+    assert get_model(suite).predict(variant, 1024, ranks, calib) == pytest.approx(messages, rel=1e-6)
 
 
 @pytest.mark.parametrize("variant, params", [("dis_smo", {}), ("cascade", SVM_POINT), ("smo", SVM_POINT)])
 def test_svm_is_modelled_for_dis_smo_with_its_iterations_only(variant, params):
-    assert get_case("svm").predict(variant, 1000, 2, dict(calibration(), point_params=params)) is None
+    assert get_model("svm").predict(variant, 1000, 2, dict(calibration(), point_params=params)) is None
 
 
 def test_the_point_dtype_selects_the_rates():
     calib = calibration(rate=1e10)
     calib["gemm"]["float32"] = [[2e10] * 6, [4e10] * 6]
-    tp = get_case("tp")
+    tp = get_model("tp")
     assert tp.predict("serial", 512, 1, dict(calib, point_dtype="float32")) < tp.predict("serial", 512, 1, calib)
 
 
 @pytest.mark.parametrize("setting, value", [("MLSCALE_DP_MODEL", "cnn"), ("MLSCALE_DP_PRECISION", "float16")])
 def test_unmodelled_dp_settings_predict_none(setting, value, monkeypatch):
     monkeypatch.setenv(setting, value)
-    assert get_case("dp").predict("mpi", 64, 2, calibration()) is None
+    assert get_model("dp").predict("mpi", 64, 2, calibration()) is None
 
 
 def test_interleaved_measurements_visit_every_item_in_turn():
@@ -141,4 +140,4 @@ def test_interleaved_measurements_visit_every_item_in_turn():
 def test_gemm_beyond_the_calibrated_sizes_runs_at_the_largest_ones_rate():
     calib = calibration(cores=1)
     calib["gemm"]["float64"] = [[1e10, 1e10, 1e10, 1e10, 2e10, 1e10]] * 2  # falls from 512 to 1024
-    assert costs.gemm(calib, 8192, 8192, 8192, 1) == pytest.approx(2 * 8192**3 / 1e10)
+    assert terms.gemm(calib, 8192, 8192, 8192, 1) == pytest.approx(2 * 8192**3 / 1e10)

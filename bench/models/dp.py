@@ -1,0 +1,144 @@
+"""Model of suite ``dp`` (`bench.cases.dp`): a data-parallel training step, its settings and memory.
+
+The MLP's layer widths come from the model the suite trains
+(`parallel.nn.models.mnist_mlp`, read from its ``Linear`` weights: `mlp_widths`),
+never written out here.
+"""
+import functools
+import math
+import os
+
+import numpy as np
+
+from bench.models import terms
+from bench.models.base import Model
+from bench.settings import Setting, byte_size, choice, integer
+from kernels.errors import InputError
+from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.data.gradient_wire import PRECISIONS
+from parallel.data.mixed_precision import COMPUTE_FORMATS
+from parallel.nn.layers import Linear
+from parallel.nn.models import mnist_mlp
+from parallel.nn.optim import SGD, Adam
+
+#: optimiser -> (class, hyper-parameters); Adam's are the Keras defaults of the lecture's example.
+OPTIMIZERS = {"sgd": (SGD, dict(lr=0.01, momentum=0.9)), "adam": (Adam, dict(lr=1e-3))}
+OVERLAP_BUCKET_BYTES = 64 << 10
+MODELS = ("mlp", "cnn", "keras_cnn")
+#: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
+DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
+
+
+@functools.lru_cache(maxsize=None)
+def mlp_widths(inputs=784):
+    """``(inputs, hidden..., outputs)`` of the suites' MLP (`parallel.nn.models.mnist_mlp`) on ``inputs``
+    features, read from the weight shapes of its ``Linear`` layers."""
+    shapes = [layer.params["weight"].shape for layer in mnist_mlp(inputs=inputs).layers if isinstance(layer, Linear)]
+    return (shapes[0][0],) + tuple(outputs for _, outputs in shapes)
+
+
+def dense_parameters(widths):
+    """Weights and biases of the dense layers ``widths``."""
+    return sum((inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:]))
+
+
+#: Parameters of each model (at most: the MLP on MNIST) and array entries held per sample in forward and
+#: backward (the CNNs: tracemalloc peak of a float32 step, about 62K and 133K).
+PARAMETERS = {"mlp": dense_parameters(mlp_widths()), "cnn": 21840, "keras_cnn": 93322}
+ACTIVATIONS = {"mlp": lambda pixels: 2 * (pixels + sum(mlp_widths()[1:])), "cnn": lambda pixels: 65_000,
+               "keras_cnn": lambda pixels: 140_000}
+
+
+def data_source(variable, text, allowed):
+    """A bundled data set's name (lower-cased) or a directory of MNIST IDX files."""
+    if text.lower() in DATA_SHAPES:
+        return text.lower()
+    if not os.path.isdir(text):
+        raise InputError(f"{variable}={text!r}: choose from {', '.join(DATA_SHAPES)} "
+                         "or a directory holding the MNIST IDX files")
+    return text
+
+
+SETTINGS = (
+    Setting("DP_MODEL", choice, "mlp", MODELS, "model (cnn, keras_cnn: 28x28 images only)"),
+    Setting("DP_OPTIMIZER", choice, "sgd", tuple(OPTIMIZERS), "optimiser (sgd: lr 0.01, momentum 0.9; adam: lr 1e-3)"),
+    Setting("DP_COMPUTE", choice, "full", COMPUTE_FORMATS,
+            "forward / backward format (float16, bfloat16: mixed precision, master weights in the dtype)"),
+    Setting("DP_DATASET", data_source, "mnist", "mnist|digits|IDX directory",
+            "data set, or a directory of MNIST IDX files"),
+    Setting("DP_BUCKET_BYTES", byte_size, None, None,
+            "gradient bucket cap, 0: one flat buffer (default: 64K for mpi_overlap, else 0)"),
+    Setting("DP_PRECISION", choice, "full", PRECISIONS, "gradient exchange format (full: the model dtype)"),
+    Setting("DP_MICRO_BATCHES", integer, 1, 1, "micro-batches accumulated per step"),
+)
+
+
+def read_settings(settings, variant):
+    """The trainer settings of ``variant`` from the suite's ``settings``; `InputError` when they do not fit."""
+    model = settings["DP_MODEL"]
+    dataset = settings["DP_DATASET"]
+    if model != "mlp" and dataset == "digits":
+        raise InputError(f"MLSCALE_DP_MODEL={model} needs 28x28 images: set MLSCALE_DP_DATASET=mnist or an IDX "
+                         "directory")
+    overlap = variant == "mpi_overlap"
+    bucket_bytes = settings["DP_BUCKET_BYTES"]
+    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
+                bucket_bytes=(OVERLAP_BUCKET_BYTES if overlap else 0) if bucket_bytes is None else bucket_bytes,
+                micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"],
+                optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"])
+
+
+class DataParallelModel(Model):
+    name = "dp"
+    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS)
+    size_unit = "samples"
+    declared_settings = SETTINGS
+
+    def predict(self, variant, size, ranks, calib):
+        """One step of the MLP on this rank's ceil(n / p) samples (`terms.dense_layers`), the gather of
+        the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
+        SGD update (3 passes over the parameters); the compute on the line through the two calibrated
+        one-rank steps around this batch (`terms.fitted_step`: a fixed cost of the step's Python calls and a
+        scale). None for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
+        settings = read_settings(self.settings, variant)
+        if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
+                ("mlp", "full", "full", 1):
+            return None
+        item = terms.itemsize(calib)
+
+        def compute(rows, features):
+            """(forward with the batch gather, backward and SGD update) of the MLP on ``features`` inputs;
+            the gradient bytes."""
+            widths = mlp_widths(features)
+            parameters = dense_parameters(widths) * item
+            forward, backward = terms.dense_layers(calib, widths, rows, ranks)
+            rest = terms.copy(calib, rows * features * item) + 3 * terms.reduction(calib, parameters)
+            return forward + rest, backward, parameters
+
+        def calibrated_step(rows):  # local_rates times the default data set, MNIST
+            forward, backward, parameters = compute(rows, DATA_SHAPES["mnist"][1])
+            return forward + backward + terms.allreduce(calib, parameters, 1)
+
+        rows = math.ceil(size / ranks)
+        fixed, scale = terms.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
+        forward, backward, parameters = compute(rows, DATA_SHAPES.get(settings["dataset"], (0, 784))[1])
+        forward, backward = scale * forward, scale * backward
+        exchange = terms.allreduce(calib, parameters, ranks, settings["allreduce"])
+        return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its
+        flat gradients, optimiser state and buckets (8 vectors; Adam one more; mixed precision the
+        16-bit copies of weights and gradients), and the activations of this rank's ``ceil(n / p)``
+        samples (`ACTIVATIONS` per sample, in the compute format: float16 halves float32); the
+        check trains a serial model on the whole global batch of n samples on rank 0."""
+        settings = read_settings(self.settings, variant)
+        samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
+        item = np.dtype(dtype).itemsize
+        compute_item = {"full": item, "float16": 2, "bfloat16": 4}[settings["compute"]]
+        parameters = PARAMETERS[settings["model"]]
+        state = (8 + (settings["optimizer"] == "adam")) * item * parameters + \
+            (2 * compute_item * parameters if settings["compute"] != "full" else 0)
+        per_sample = ACTIVATIONS[settings["model"]](pixels)
+        activations = per_sample * (compute_item * -(-problem // ranks) + (item * problem if check else 0))
+        return samples * pixels + item * 2 * samples * pixels + state + activations

@@ -1,0 +1,81 @@
+"""Model of suite ``svm`` (`bench.cases.svm`): training the serial and distributed SVMs."""
+from pathlib import Path
+
+from bench.models import terms
+from bench.models.base import Model
+from bench.settings import Setting
+from kernels.errors import InputError
+from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION
+from svm.solver.smo import DEFAULT_CACHE_BYTES
+
+#: Estimator of each variant, as ``module:Class`` (imported lazily).
+ESTIMATORS = {"sklearn": "sklearn.svm:SVC", "smo": "svm.solver.svc:SVC", "dis_smo": "svm.distributed.dis_smo:DisSMO",
+              "cascade": "svm.distributed.cascade:CascadeSVM", "dcsvm": "svm.distributed.dcsvm:DCSVM",
+              "cpsvm": "svm.distributed.casvm:CPSVM", "casvm": "svm.distributed.casvm:CASVM"}
+#: (samples, features) of the bundled sets (`svm.datasets.NAMES`), for the memory estimate.
+DATA_SHAPES = {"digits": (1797, 64), "mnist": (5000, 784), "breast_cancer": (569, 30)}
+#: Features of the generated sets (`svm.datasets.GENERATED`), drawn for the size asked for.
+GENERATED_FEATURES = {"synthetic": SYNTHETIC_FEATURES, "moons": 2}
+
+
+def data_source(variable, text, allowed):
+    """The data set: a name of `svm.datasets.NAMES` or an existing svmlight file."""
+    if text not in NAMES and not Path(text).is_file():
+        raise InputError(f"{variable} must be one of {', '.join(NAMES)} or an svmlight file, got {text!r}")
+    return text
+
+
+DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
+               "data set: a bundled name or an svmlight / LIBSVM file (mnist: at most 4,000 training samples)")
+
+
+#: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
+_SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
+_PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
+
+
+class SVMModel(Model):
+    name = "svm"
+    variants = tuple(ESTIMATORS)
+    size_unit = "samples"
+    declared_settings = (DATA,)
+    host_only_variants = {"sklearn": "scikit-learn's SVC runs on the host only"}
+    superlinear_reasons = {
+        "cpsvm": _PARTITIONED,
+        "casvm": _PARTITIONED,
+        "cascade": _SMALLER.format("sub-problems first and passes on only their support vectors"),
+        "dcsvm": _SMALLER.format("sub-problems first, then a global solve warm-started from their support vectors"),
+    }
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.data = self.settings[DATA.name]
+
+    def predict(self, variant, size, ranks, calib):
+        """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
+        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
+        small ``Allreduce`` with a Python reduction op, a dozen NumPy calls and four passes over a rank's
+        n / p gradient entries; every kernel row computed once over the rank's n / p columns at the
+        calibrated RBF rate (scaled by ``n_features`` / 784); the final gathers. None for the other
+        variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
+        function of the constants, so a model would only restate the measurement."""
+        params = calib.get("point_params") or {}
+        if variant != "dis_smo" or not params.get("n_iter"):
+            return None
+        iterations, local = int(params["n_iter"]), size / ranks
+        step = 2 * (terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, 12) + \
+            4 * terms.copy(calib, 8 * local)
+        rows = min(size, 2 * iterations) * local / calib["kernel_rows"] * params.get("n_features", 784) / 784
+        return iterations * step + rows + terms.allgather(calib, 8 * size, ranks)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """The whole data set in float64 on every rank (the loaded set, its split copies; for an
+        svmlight file, twice the file's bytes as a guess), kernel-row caches bounded by
+        `svm.solver.smo.DEFAULT_CACHE_BYTES` or the ``n x n`` Gram matrix, and the check's serial
+        reference fit on rank 0 (as much again)."""
+        samples, features = DATA_SHAPES.get(self.data, (None, None))
+        if self.data in GENERATED_FEATURES:
+            samples, features = round(problem / (1 - TEST_FRACTION)) + 1, GENERATED_FEATURES[self.data]
+        data = 3 * 8 * samples * features if samples else 2 * Path(self.data).stat().st_size
+        cache = min(DEFAULT_CACHE_BYTES, 8 * problem * problem) + 8 * problem * 64
+        return data + cache * (2 if check else 1)

@@ -1,0 +1,62 @@
+"""Model of suite ``tp`` (`bench.cases.tp`): a Megatron MLP block split over the ranks."""
+import math
+
+import numpy as np
+
+from bench.models import terms
+from bench.models.base import Model
+from bench.settings import Setting, integer
+from kernels.errors import InputError
+
+SETTINGS = (
+    Setting("TP_HIDDEN", integer, 1024, 1, "model width h"),
+    Setting("TP_FFN", integer, None, 1, "inner width f (default 4 h)"),
+)
+
+
+def read_settings(settings):
+    """Block sizes ``hidden`` and ``ffn`` from the suite's ``settings``."""
+    hidden = settings["TP_HIDDEN"]
+    return dict(hidden=hidden, ffn=settings["TP_FFN"] or 4 * hidden)
+
+
+class TensorParallelModel(Model):
+    name = "tp"
+    variants = ("allreduce", "sequence", "serial")
+    size_unit = "tokens"
+    declared_settings = SETTINGS
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.config = read_settings(self.settings)
+
+    def check_ranks(self, ranks, variant):
+        if variant == "serial" and ranks != 1:
+            raise InputError(f"tp variant serial runs on one rank, not {ranks}")
+        if self.config["ffn"] < ranks:
+            raise InputError(f"tp: ffn {self.config['ffn']} cannot be split over {ranks} ranks")
+
+    def predict(self, variant, size, ranks, calib):
+        """Six GEMMs of (T, h) x (h, ceil(f / p)) (two forward, four backward; `terms.gemm`), the ReLU,
+        and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
+        of T h (sequence)."""
+        hidden, ffn = self.config["hidden"], self.config["ffn"]
+        item, local = terms.itemsize(calib), math.ceil(ffn / ranks)
+        compute = 6 * terms.gemm(calib, size, local, hidden, ranks) + 3 * terms.copy(calib, size * local * item)
+        activations = size * hidden * item
+        if variant == "serial":
+            return compute
+        if variant == "allreduce":
+            return compute + 2 * terms.allreduce(calib, activations, ranks)
+        exchange = terms.allgather(calib, activations, ranks) + terms.reduce_scatter(calib, activations, ranks)
+        return compute + 2 * (exchange + terms.allgather(calib, 8 * ranks, ranks))
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's
+        ``ffn / p`` columns of both weights with gradients and ``T x ffn / p`` activations;
+        the check runs the whole serial block (all weights, ``T x ffn`` activations)."""
+        tokens, hidden, ffn = problem, self.config["hidden"], self.config["ffn"]
+        share = -(-ffn // ranks)
+        run = 5 * tokens * hidden + 4 * hidden * share + 3 * tokens * share
+        reference = 4 * hidden * ffn + 3 * tokens * ffn + 2 * tokens * hidden
+        return np.dtype(dtype).itemsize * (run + (reference if check else 0)) + 8 * tokens * hidden
