@@ -16,6 +16,7 @@ import textwrap
 
 from bench.faults import (EXIT_OK, EXIT_USAGE, EXIT_WRONG, RankError, abort_job, error_line, stop_on_signals,
                           world_rank)
+from bench.models.base import MAX_PROJECTED_RANKS
 from bench.options import add_measure_options, make_config
 from bench.registry import SUITES, case_class
 from bench.settings import canonical
@@ -52,7 +53,8 @@ def build_parser():
     report.add_argument("--json", metavar="PATH", help="also write the report as a JSON document to PATH")
     report.add_argument("--model", action="append", help="calibration JSON from `mlscale calibrate`: predicted "
                         "beside measured; twice for an intra-node and an inter-node file (projections use the latter)")
-    report.add_argument("--project", help="rank counts to extrapolate to with --model, e.g. 64,256,1024")
+    report.add_argument("--project", help="rank counts to extrapolate to with --model, e.g. 64,256,1024 (at most "
+                        f"{MAX_PROJECTED_RANKS})")
     report.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     calibrate = commands.add_parser("calibrate", help="measure the cost models' constants on 2 ranks "
                                       "(inside a two-node allocation: between the nodes); write JSON")
@@ -199,7 +201,7 @@ def command_report(args, out, err):
     calib = load_calibrations(args.model) if args.model else None
     if args.project and not calib:
         raise InputError("--project needs --model CALIB.json (run mlscale calibrate first)")
-    project = parse_ranks(args.project, 1 << 40) if args.project else ()
+    project = parse_ranks(args.project, sys.maxsize) if args.project else ()
     notes, document = write_report(args.csv, args.out, calib, project, args.plots, args.json)
     for line in notes:  # warnings go to stderr always; the other notes there only beside JSON on stdout
         (err if args.format == "json" or line.startswith("report: warning") else out)(line)
