@@ -6,6 +6,7 @@ import pytest
 
 from bench.csvio import COLUMNS, SCHEMA_VERSION
 from bench.models import get_model
+from bench.models.base import MAX_PROJECTED_RANKS
 from bench.report.output import write_report
 from bench.report.scaling import scaling_table, serial_fractions
 from kernels.errors import InputError
@@ -173,6 +174,12 @@ def test_calibration_must_be_complete(tmp_path):
     (json.dumps(dict(CALIB, gemm_flops_per_s=True)), "gemm_flops_per_s must be a number > 0, got true"),
     (json.dumps(dict(CALIB, memcpy_bytes_per_s=None)), "memcpy_bytes_per_s must be a number > 0, got null"),
     (json.dumps(dict(CALIB, alpha_s=float("nan"))), "alpha_s must be a number > 0, got NaN"),
+    (json.dumps(dict(CALIB, pingpong=[["8", "1e-6"]])), 'pingpong must hold numbers only, got "8"'),
+    (json.dumps(dict(CALIB, gemm={"float64": [["fast"] * 6]})), 'gemm must hold numbers only, got "fast"'),
+    (json.dumps(dict(CALIB, dp_step={"float64": [[32, []]]})), r"dp_step must hold numbers only, got \[\]"),
+    (json.dumps(dict(CALIB, copy=[[8, True]])), "copy must hold numbers only, got true"),
+    (json.dumps(dict(CALIB, busy=dict(CALIB, threads=1, reduce=[[8, "slow"]]))),
+     'busy.reduce must hold numbers only, got "slow"'),
 ])
 def test_a_malformed_calibration_is_refused_naming_it(tmp_path, content, message):
     from bench.report.model import load_calibration
@@ -197,12 +204,16 @@ def test_report_command_skips_bad_rows_with_one_warning_line(tmp_path):
     assert len(rows_of(str(tmp_path / "out" / "scaling.csv"))) == 3
 
 
-@pytest.mark.parametrize("case", ["model-number", "model-zero", "out-is-a-file", "non-utf8-csv"])
+BAD_MODELS = {"model-number": "42", "model-zero": json.dumps(dict(CALIB, alpha_s=0)),
+              "model-string-entries": json.dumps(dict(CALIB, pingpong=[["1", "2e-6"], ["16777216", "1.7e-3"]]))}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS) + ["out-is-a-file", "non-utf8-csv"])
 def test_report_command_bad_input_is_one_line_and_status_2(tmp_path, case):
     path = write_points(tmp_path / "a.csv", amdahl_points("ring", 0.2))
     args, named = [path, "--out", str(tmp_path / "out")], str(tmp_path / "c.json")
     if case.startswith("model"):
-        (tmp_path / "c.json").write_text("42" if case == "model-number" else json.dumps(dict(CALIB, alpha_s=0)))
+        (tmp_path / "c.json").write_text(BAD_MODELS[case])
         args += ["--model", named]
     elif case == "out-is-a-file":
         (tmp_path / "taken").write_text("x")
@@ -213,3 +224,18 @@ def test_report_command_bad_input_is_one_line_and_status_2(tmp_path, case):
     status, _, err = mlscale("report", *args)
     assert status == 2
     assert len(err.strip().splitlines()) == 1 and named in err
+
+
+@pytest.mark.parametrize("ranks", [MAX_PROJECTED_RANKS + 1, 1 << 40])
+def test_report_projects_to_at_most_the_models_bound_in_one_line(tmp_path, ranks):
+    path = write_points(tmp_path / "a.csv", amdahl_points("rows", 0.2))
+    (tmp_path / "c.json").write_text(json.dumps(CALIB))
+    args = [path, "--out", str(tmp_path / "out"), "--model", str(tmp_path / "c.json"), "--no-plots"]
+    status, _, err = mlscale("report", *args, "--project", f"64,{ranks}")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert f"--project {ranks}: the cost models project to at most {MAX_PROJECTED_RANKS} ranks" in err
+    status, _, err = mlscale("report", *args, "--project", f"64,{MAX_PROJECTED_RANKS}")
+    assert status == 0, err
+    projected = {(r["variant"], r["ranks"]) for r in rows_of(str(tmp_path / "out" / "projection.csv"))}
+    assert ("rows", str(MAX_PROJECTED_RANKS)) in projected
+    assert f"(at most {MAX_PROJECTED_RANKS})" in " ".join(mlscale("report", "--help")[1].split())

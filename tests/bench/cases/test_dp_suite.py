@@ -87,6 +87,20 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
         assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("ranks, size", [(1, 16), (2, 33)])  # shards of 16; of 17 and 16
+def test_more_micro_batches_than_the_smallest_shard_holds_is_one_line_and_status_2(tmp_path, ranks, size):
+    status, _, err = mlscale(dict(MLSCALE_DP_MICRO_BATCHES="17"), "sweep", SUITE, "--np", str(ranks), "--sizes",
+                             str(size), "--variants", "mpi", "--iters", "1", "--warmup", "0",
+                             "--csv", str(tmp_path / "dp.csv"))
+    assert status == 2, err
+    assert len(err.strip().splitlines()) == 1
+    assert "MLSCALE_DP_MICRO_BATCHES=17 is more than the 16 samples of the smallest shard" in err
+    status, _, err = mlscale(dict(MLSCALE_DP_MICRO_BATCHES="16"), "sweep", SUITE, "--np", str(ranks), "--sizes",
+                             str(size), "--variants", "mpi", "--iters", "1", "--warmup", "0", "--no-check",
+                             "--csv", str(tmp_path / "dp.csv"))
+    assert status == 0, err
+
+
 @pytest.mark.parametrize("settings", [dict(MLSCALE_DP_MODEL="cnn"),
                                       dict(MLSCALE_DP_MODEL="keras_cnn", MLSCALE_DP_OPTIMIZER="adam",
                                            MLSCALE_DP_COMPUTE="bfloat16")], ids=["cnn", "keras_cnn"])
