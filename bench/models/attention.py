@@ -30,10 +30,7 @@ class AttentionModel(Model):
     variants = ("full", "ring", "ring_zigzag", "ulysses")
     size_unit = "tokens"
     declared_settings = SETTINGS
-
-    def __init__(self, settings=None):
-        super().__init__(settings)
-        self.config = read_settings(self.settings)
+    settings_reader = staticmethod(read_settings)
 
     def check_ranks(self, ranks, variant):
         if variant == "ulysses" and self.config["heads"] % ranks:

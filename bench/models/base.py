@@ -44,9 +44,12 @@ class Model:
     superlinear_reasons = {}
     host_only_variants = {}
     device_only_variants = {}
+    #: ``reader(settings)``: the settings as the suite's model and case use them, kept as ``config`` (None: none).
+    settings_reader = None
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings
+        self.config = self.settings_reader(self.settings) if self.settings_reader else None
 
     def check_ranks(self, ranks, variant):
         """Raise `kernels.errors.InputError` when ``variant`` cannot run on ``ranks`` ranks (default: it can)."""

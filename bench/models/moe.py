@@ -32,10 +32,7 @@ class MixtureOfExpertsModel(Model):
     variants = tuple(TOP_K)
     size_unit = "tokens"
     declared_settings = SETTINGS
-
-    def __init__(self, settings=None):
-        super().__init__(settings)
-        self.config = read_settings(self.settings)
+    settings_reader = staticmethod(read_settings)
 
     def check_ranks(self, ranks, variant):
         if TOP_K[variant] > self.config["experts_per_rank"] * ranks:

@@ -25,10 +25,7 @@ class TensorParallelModel(Model):
     variants = ("allreduce", "sequence", "serial")
     size_unit = "tokens"
     declared_settings = SETTINGS
-
-    def __init__(self, settings=None):
-        super().__init__(settings)
-        self.config = read_settings(self.settings)
+    settings_reader = staticmethod(read_settings)
 
     def check_ranks(self, ranks, variant):
         if variant == "serial" and ranks != 1:
