@@ -6,8 +6,9 @@ barrier so that they do not steal cores from the ranks being measured.
 
 No error is assumed to happen on every rank: the steps where a rank can fail
 alone outside timed work (setup, check, metrics, teardown, writing a row) run
-through `bench.faults.agree`, and any other error (inside timed work, where the other ranks
-wait in a collective) aborts the job (`bench.faults.abort_job`).
+through `bench.faults.agree`; an error inside timed work raised on every rank is raised on every
+rank too (`bench.faults.failing_together`), and on some ranks alone (the others wait in a
+collective) it aborts the job (`bench.faults.abort_job`).
 """
 import contextlib
 import functools
@@ -22,7 +23,8 @@ from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
-from bench.faults import AGREED, AgreedInputError, abort_job, agree, agreed_error, sleeping_barrier, uninterrupted
+from bench.faults import (AGREED, AgreedInputError, abort_job, agree, agreed_error, failing_together, sleeping_barrier,
+                          uninterrupted)
 from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
 from bench.timing import measure
@@ -247,12 +249,13 @@ def _measure_point(sub, case, config, backend, variant, size):
     """Set up, time, check and tear down one point on every rank of ``sub``; return its row.
 
     Set-up, check, metrics and teardown go through `agree`; an error inside the
-    timed work reaches `run_sweep`, which aborts the job.
+    timed work on every rank is agreed (`failing_together`); on some ranks alone it aborts the job.
     """
     peak = DevicePeak(backend)
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
-        timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize)
+        with failing_together(sub):  # the same error on every rank: one line; on some ranks alone: abort
+            timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize)
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
         wrong = sub.allreduce(wrong) if config.check else None
     if peak.on_device:

@@ -37,6 +37,13 @@ class RaisesOnRankOne(TinyCase):
         comm.Barrier()
 
 
+class InputErrorInRunOnEveryRank(TinyCase):
+    """Every rank finds its input unusable inside the timed work (svm's three classes on two ranks)."""
+
+    def run(self, comm):
+        raise InputError("three classes on purpose")
+
+
 class SetupFailsOnLastRank(TinyCase):
     """The last rank cannot build its inputs; every rank must hear of it."""
 

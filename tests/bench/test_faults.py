@@ -42,6 +42,15 @@ def test_an_error_on_one_rank_ends_the_job_while_idle_ranks_sleep(tmp_path):
     assert (code, err.strip()) == (2, "mlscale: error: one class only on purpose")
 
 
+@pytest.mark.parametrize("ranks", ["3", "2,3"])
+def test_an_input_error_of_every_rank_inside_the_timed_work_is_one_line(tmp_path, ranks):
+    path = str(tmp_path / "x.csv")
+    code, out, err = mlscale("sweep", "tests.fake_cases:InputErrorInRunOnEveryRank", "--np", "3", "--ranks", ranks,
+                             "--csv", path, timeout=PROMPT)
+    assert (code, err) == (2, "mlscale: error: three classes on purpose\n")
+    assert rows_of(path) == []
+
+
 def test_debug_prints_the_traceback_and_still_aborts(tmp_path):
     code, _, err = mlscale("run", "tests.fake_cases:RaisesOnRankOne", "--csv", str(tmp_path / "x.csv"), ranks=2,
                            timeout=PROMPT, MLSCALE_DEBUG="1")
