@@ -21,7 +21,7 @@ Reduced precision (``precision="float16"`` or ``"bfloat16"``)
 Device arrays (CuPy)
     Encoding and decoding stay in the gradients' array module (bit operations and
     ``astype`` only); the bfloat16 op of MPI runs on the host words a staging
-    `kernels.device_comm.DeviceComm` hands it. A CUDA-aware MPI would hand the
+    `kernels.comm.device.DeviceComm` hands it. A CUDA-aware MPI would hand the
     Python op device memory: `WireFormat` refuses that combination (``"mpi"`` with
     bfloat16 on a CUDA-aware device communicator; the hand-written algorithms work).
 """
@@ -143,11 +143,29 @@ class WireFormat:
     ``full``: the gradients are reduced in place (no encoding). ``native`` 16-bit:
     16-bit words with their own MPI op. Otherwise (hand-written algorithms) the
     gradients are rounded to the 16-bit format in their own dtype before and after.
+
+    Parameters
+    ----------
+    precision : {"full", "float16", "bfloat16"}
+    native : bool
+        Whether the allreduce takes the 16-bit words and `op` (``MPI.Allreduce``).
+    device_buffers_to_mpi : bool
+        Whether MPI is handed device memory (a CUDA-aware MPI under a device
+        communicator): the bfloat16 op, Python code on host memory, is refused then.
+
+    Attributes
+    ----------
+    full : bool
+    op : MPI.Op
+        The sum of the wire's elements.
     """
 
-    def __init__(self, precision, native, grad_dtype, device_buffers_to_mpi=False):
+    def __init__(self, precision, native, device_buffers_to_mpi=False):
+        if precision not in PRECISIONS:
+            raise InputError(f"unknown gradient precision {precision!r}; choose from {', '.join(PRECISIONS)}")
         self.full = precision == "full"
-        self.dtype, self.op = grad_dtype, MPI.SUM
+        self.op = MPI.SUM
+        self._words = None  # the wire's dtype; None: the gradients' own
         if self.full:
             return
         pack, unpack, words, make_op = _SIXTEEN_BIT[precision]
@@ -155,7 +173,24 @@ class WireFormat:
             raise InputError("the bfloat16 exchange with allreduce 'mpi' needs host buffers (its MPI op is "
                              "Python code); with a CUDA-aware MPI use a hand-written allreduce")
         if native:
-            self.dtype, self.op = np.dtype(words), make_op()
-            self.encode, self.decode = pack, unpack
+            self._words, self.op = np.dtype(words), make_op()
+            self._encode, self._decode = pack, unpack
         else:
-            self.encode = self.decode = lambda values: unpack(pack(values))
+            self._encode = self._decode = lambda values: unpack(pack(values))
+
+    def buffer(self, grads):
+        """The wire of the bucket ``grads``: ``grads`` itself when `full`, else a new array of its length
+        (16-bit words, or the gradients' dtype) in the gradients' array module."""
+        if self.full:
+            return grads
+        return array_module(grads).empty(grads.size, grads.dtype if self._words is None else self._words)
+
+    def encode(self, grads, wire):
+        """Write the bucket ``grads`` into its `buffer` ``wire`` (nothing to do when `full`)."""
+        if not self.full:
+            wire[...] = self._encode(grads)
+
+    def decode(self, wire, grads):
+        """Write the reduced ``wire`` back into the bucket ``grads`` (nothing to do when `full`)."""
+        if not self.full:
+            grads[...] = self._decode(wire)
