@@ -10,7 +10,7 @@ whose array module (`FakeCupy`) behaves, for what mlscale uses, as CuPy does:
 - ``xp.asnumpy`` / ``array.get()`` move to the host and ``xp.asarray`` /
   ``array.set()`` move to the device, as in CuPy;
 - MPI is not CUDA-aware (``device_buffers_to_mpi`` False), so every buffer
-  goes through host staging (`kernels.device_comm`).
+  goes through host staging (`kernels.comm.device`).
 
 A suite that passes its checks on this backend and leaves its results as
 `DeviceArray` computes on the device with no silent host fallback; only a GPU

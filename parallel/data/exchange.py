@@ -18,20 +18,13 @@ import functools
 
 from mpi4py import MPI
 
-from kernels.comm.device import DeviceComm, poll_all, wait_all
+from kernels.comm import backend_of, raw_comm
+from kernels.comm.device import poll_all, wait_all
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.data.gradient_wire import WireFormat
 
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
-
-
-def _mpi_comm_and_device(comm):
-    """The mpi4py communicator under ``comm`` and the device backend whose buffers it hands to MPI
-    (None for a host communicator): the one place that looks inside a device communicator."""
-    if isinstance(comm, DeviceComm):
-        return comm.comm, comm.backend
-    return comm, None
 
 
 class GradientExchange:
@@ -57,7 +50,7 @@ class GradientExchange:
     def __init__(self, comm, allreduce, precision):
         if allreduce not in ALLREDUCE_CHOICES:
             raise InputError(f"unknown allreduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
-        mpi_comm, device = _mpi_comm_and_device(comm)
+        mpi_comm, device = raw_comm(comm), backend_of(comm)  # device: None for a host communicator
         self.allreduce, self.nonblocking = allreduce, allreduce == "mpi"
         self._format = WireFormat(precision, self.nonblocking, device is not None and device.device_buffers_to_mpi)
         self._comm = comm
