@@ -8,6 +8,7 @@ node) and the modelled seconds of a run (`Model.predict`, in the terms of
 `bench.models.terms`). The harness and the report ask the model, never the case;
 a case (`bench.case.Case`) names its model class and takes these facts from it.
 """
+import math
 import os
 
 from bench.settings import resolve
@@ -82,6 +83,31 @@ class Model:
         ``point_dtype``, ``point_ranks`` and recorded ``point_params`` (a dict; a projection gets a measured
         row's) to ``calib``."""
         return None
+
+
+def balanced_dims(ranks, axes):
+    """``MPI.Compute_dims(ranks, axes)``: ``ranks`` split over ``axes`` grid axes as evenly as possible,
+    largest first (a tuple).
+
+    MPI computes it when it is initialised (a job's grids are MPI's); the commands that
+    start no MPI job (``sweep`` before its launch, ``report``) get MPICH's choice without
+    MPI: the smallest spread between the largest and the smallest factor, then the
+    largest first factor (the same as ``MPI_Dims_create`` of MPICH for every count tried).
+    """
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        return tuple(MPI.Compute_dims(ranks, axes))
+    low = [d for d in range(1, math.isqrt(ranks) + 1) if ranks % d == 0]
+    divisors = sorted(set(low + [ranks // d for d in low]), reverse=True)
+
+    def splits(count, left, most):
+        if left == 1:
+            yield from [(count,)] if count <= most else []
+            return
+        for first in (d for d in divisors if d <= most and count % d == 0):
+            yield from ((first,) + rest for rest in splits(count // first, left - 1, first))
+    return min(splits(ranks, axes, ranks), key=lambda dims: (dims[0] - dims[-1], -dims[0]))
 
 
 def default_model(case):

@@ -9,10 +9,8 @@ rank as a `Cost` (`BlasModel.cost`); `BlasModel.predict` prices it.
 import math
 from collections import namedtuple
 
-from mpi4py import MPI
-
 from bench.models import terms
-from bench.models.base import Model
+from bench.models.base import Model, balanced_dims
 from bench.settings import Setting, integer
 from kernels.errors import InputError
 
@@ -84,7 +82,7 @@ class BlasModel(Model):
     def grid_dims(self, variant, ranks):
         """Process-grid shape of ``variant`` on ``ranks`` ranks; None for the 1D layouts."""
         if variant in GRID_VARIANTS:
-            return self.grid or tuple(MPI.Compute_dims(ranks, [0, 0]))
+            return self.grid or balanced_dims(ranks, 2)
         if variant in CANNON_VARIANTS:
             return (math.isqrt(ranks),) * 2
         if variant == "25d":

@@ -2,10 +2,9 @@
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from bench.models import terms
-from bench.models.base import Model
+from bench.models.base import Model, balanced_dims
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.spatial.halo_conv import CHUNK_ELEMENTS
@@ -51,7 +50,7 @@ class HaloConvModel(Model):
         backward = variant.startswith("forward_backward")
         flops = 2 * batch * channels**2 * kernel**2 * size**2 * (3 if backward else 1) / ranks
         compute = flops / terms.suite_rate(calib, "conv", "forward_backward" if backward else "forward", ranks)
-        dims = MPI.Compute_dims(ranks, [0, 0])
+        dims = balanced_dims(ranks, 2)
         halo = 0.0
         for axis, parts in enumerate(dims):
             if parts > 1:
@@ -66,7 +65,7 @@ class HaloConvModel(Model):
         planes and the chunked patch matrices. The check's serial convolution (patch matrices of
         the whole image) when the image has at most `FULL_CHECK_ELEMENTS` elements, else small windows."""
         settings = read_settings(self.settings)
-        rows, cols = (-(-problem // dim) for dim in MPI.Compute_dims(ranks, [0, 0]))
+        rows, cols = (-(-problem // dim) for dim in balanced_dims(ranks, 2))
         pad = settings["kernel"] // 2
         tile = settings["batch"] * settings["channels"] * (rows + 2 * pad) * (cols + 2 * pad)
         backward = variant.startswith("forward_backward")

@@ -3,10 +3,9 @@ import math
 import re
 
 import numpy as np
-from mpi4py import MPI
 
 from bench.models import terms
-from bench.models.base import Model
+from bench.models.base import Model, balanced_dims
 from bench.models.pp import CHECK_SAMPLES
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
@@ -47,7 +46,7 @@ def grid_for(variant, ranks, grid=None):
             raise InputError("hybrid variant 'grid' needs MLSCALE_HYBRID_GRID=DPxTPxPP, e.g. 2x1x2")
         return grid
     named = variant.split("_")
-    factors = MPI.Compute_dims(ranks, len(named))
+    factors = balanced_dims(ranks, len(named))
     if len(named) > 1 and min(factors) < 2:
         raise InputError(f"hybrid {variant}: {ranks} ranks do not split over {len(named)} axes with at least "
                          f"2 ranks each")
