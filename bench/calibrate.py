@@ -13,7 +13,7 @@ the mean of back-to-back calls after a barrier:
   ``t = overhead + alpha + n beta`` (beta: the slope over 1-16 MiB, alpha: the rest at 8 B);
 - ``exchange``: seconds of one ``Sendrecv`` of n bytes each way with both ranks sending at
   once (a step of a ring, recursive doubling or halo exchange), back to back, 8 B .. 16 MiB;
-- ``stream``: seconds per message of a window of `bench.cases.p2p.WINDOW` non-blocking
+- ``stream``: seconds per message of a window of `bench.models.p2p.WINDOW` non-blocking
   messages and its acknowledgement (LogGP's gap; OSU's osu_bw pattern), 8 B .. 4 MiB;
 - ``allreduce``: seconds of one ``MPI_Allreduce`` (float64 sum) of n bytes, 8 B .. 16 MiB:
   the library's own algorithm, which the model of ``MPI_Allreduce`` scales to more ranks;
@@ -50,7 +50,7 @@ from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of
 from bench.provenance import mpi_library
-from bench.local_rates import FULL, QUICK, ROUNDS, local_rates, measure_interleaved
+from bench.local_rates import FULL, QUICK, ROUNDS, check_suites, local_rates, measure_interleaved
 from kernels.errors import InputError
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
@@ -83,7 +83,7 @@ def calibrate(comm, quick=False):
     A failure on some rank (a suite's settings in the environment, say) is raised on
     every rank: an `AgreedInputError` or a `RankError` (`bench.faults`).
 
-    Communication: one ``Split_type``; ping-pongs, exchanges, windows and ``Allreduce`` calls per
+    Communication: one ``Split_type``; one agreement (`bench.faults.agree`) on the suites' settings; ping-pongs, exchanges, windows and ``Allreduce`` calls per
     size between rank 0 and its partner (their buffers, 2 x 32 MiB per table, all held at once); barriers between the samples of the ranks of rank 0's node;
     the other ranks wait in a sleeping barrier.
     """
@@ -94,8 +94,9 @@ def calibrate(comm, quick=False):
     homes = comm.allgather(home)
     away = [rank for rank, where in enumerate(homes) if where != homes[0]]
     partner = away[0] if away else 1
-    pair = comm.Split(0 if comm.rank in (0, partner) else MPI.UNDEFINED, comm.rank)
     messages, rates = (QUICK_MESSAGES, QUICK) if quick else (FULL_MESSAGES, FULL)
+    agree(comm, check_suites, rates)  # a bad suite setting ends every rank now, not after the message tables
+    pair = comm.Split(0 if comm.rank in (0, partner) else MPI.UNDEFINED, comm.rank)
     result = None
     if pair != MPI.COMM_NULL:
         result = _measure_pair(pair, messages)

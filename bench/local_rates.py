@@ -114,12 +114,12 @@ def _items(stack, plan):
         for n in plan.gemm_sizes:
             a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
             items["gemm", dtype, n] = _product(a, b)  # two operands: a @ a reads half the memory
-        for suite, variant, size in plan.suite_points:
-            case, state = _suite_state(stack, suite, variant, size, dtype)
+    for (kind, suite, variant, dtype, size), (case, state) in _suite_states(stack, plan):
+        if kind == "dp":
+            items["dp", dtype, size] = _runner(case, state)
+        else:
             items["suite", suite, variant, dtype] = _runner(case, state)
             items.points[suite, variant, dtype] = case, state
-        for rows in plan.dp_rows:
-            items["dp", dtype, rows] = _runner(*_suite_state(stack, "dp", "mpi", rows, dtype))
     for nbytes in plan.local_sizes:
         vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
         items["reduce", nbytes] = _adder(vector, other)
@@ -142,6 +142,23 @@ def _copier(target, source):
 
 def _runner(case, state):
     return lambda: case.run(state)
+
+
+def check_suites(plan=FULL):
+    """Set up (and tear down) every suite point `local_rates` times with ``plan`` on this rank alone: a suite
+    setting of the environment it cannot use fails here, in a moment, before anything is measured."""
+    with ExitStack() as stack:
+        for _ in _suite_states(stack, plan):
+            pass
+
+
+def _suite_states(stack, plan):
+    """``((kind, suite, variant, dtype, size), (case, state))`` of the suites' points and the ``dp`` steps."""
+    for dtype in DTYPES:
+        for suite, variant, size in plan.suite_points:
+            yield ("suite", suite, variant, dtype, size), _suite_state(stack, suite, variant, size, dtype)
+        for rows in plan.dp_rows:
+            yield ("dp", "dp", "mpi", dtype, rows), _suite_state(stack, "dp", "mpi", rows, dtype)
 
 
 def _suite_state(stack, suite, variant, size, dtype):
