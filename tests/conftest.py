@@ -30,6 +30,16 @@ def pytest_configure(config):
         manager.register(QuietMPIPlugin())
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Under MPI (``--with-mpi -m mpi``), a test module with no ``mark.mpi`` in its text is not imported: its
+    tests would all be deselected, and importing it (scikit-learn, matplotlib...) costs every rank of every
+    launch."""
+    if not config.getoption("with_mpi", default=False) or collection_path.suffix != ".py" \
+            or not collection_path.name.startswith("test_"):
+        return None
+    return True if "mark.mpi" not in collection_path.read_text() else None
+
+
 @pytest.fixture
 def comm():
     """The whole MPI job (tests marked ``mpi`` run under mpiexec)."""
