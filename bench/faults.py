@@ -222,14 +222,15 @@ def agree(comm, function, *args):
     return result
 
 
-#: How long a rank whose timed work failed waits to see the same failure on every rank (`failing_together`).
+#: How long a rank whose timed work failed waits to see the same failure on every rank (`failing_together`;
+#: a shorter ``MLSCALE_GRACE_SECONDS`` shortens it too).
 TOGETHER_SECONDS = 2.0
 
 
 class failing_together:
     """Context manager for timed work on ``comm``: an error raised there on every rank is raised on every rank
     as the lowest rank's agreed error (one line from rank 0, as `agree` gives); on some ranks alone (the others
-    wait in a collective of the work) the failing rank ends the job (`abort_job`) after `TOGETHER_SECONDS`.
+    wait in a collective of the work) the failing rank ends the job (`abort_job`) after `TOGETHER_SECONDS` (or the shorter grace).
 
     The work itself pays nothing: a duplicate of ``comm`` (made on entry, freed on exit, collective) carries
     the failing ranks' agreement, so it never meets the work's own collectives. Communication on failure: one
@@ -250,7 +251,8 @@ class failing_together:
             return False
         failure = failure_of(error, self.comm.rank)
         everyone = np.zeros(1, dtype=np.intc)
-        _wait_or_abort(faults.Iallreduce(np.ones(1, dtype=np.intc), everyone), error, TOGETHER_SECONDS)
+        _wait_or_abort(faults.Iallreduce(np.ones(1, dtype=np.intc), everyone), error,
+                       min(TOGETHER_SECONDS, agree_grace_seconds()))
         failures = faults.allgather(failure)
         faults.Free()
         raise agreed_error(failures[0]) from error
