@@ -31,13 +31,13 @@ sweep: $(STAMP)
 	  --model $(RESULTS)/calib.json --project 64,256,1024
 
 # -rs: say why a test was skipped (the Slurm cluster test needs Slurm: .ci/run installs it). The serial
-# tests run on one pytest-xdist worker per core, each test module on one worker (--dist loadfile).
+# tests run on one pytest-xdist worker per core (the Slurm cluster's tests on one worker: --dist loadgroup).
 # PYTHONDONTWRITEBYTECODE is emptied: the hundreds of Python processes the tests start (ranks, CLI runs)
 # read compiled modules instead of compiling the package again each. In the MPI rounds each rank's BLAS
 # gets cores / ranks threads (at least 1), as a sweep's ranks do: BLAS threads that outnumber the cores
 # spin against each other (a PipeDream test: 7.2 s on 2 ranks, 1.5 s so). No test times anything.
 test: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs -n $(NPROC) --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs -n $(NPROC) --dist loadgroup
 	for n in $(TEST_RANKS); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  threads=$$(( $(NPROC) / $$n > 0 ? $(NPROC) / $$n : 1 )); \

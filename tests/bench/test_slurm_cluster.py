@@ -25,6 +25,7 @@ pytestmark = [
                        "squeue, sinfo and munged on PATH); .ci/install-slurm installs slurm-wlm and munge"),
     pytest.mark.skipif(os.geteuid() != 0 or not namespaces_allowed(),
                        reason="the test cluster needs root allowed to make UTS and mount namespaces (unshare)"),
+    pytest.mark.xdist_group("slurm_cluster"),  # one cluster on its fixed ports: every test on one worker
 ]
 
 
