@@ -41,14 +41,13 @@ import json
 import os
 import socket
 import tempfile
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
 from mpi4py import MPI
 
-from bench.faults import AGREED, agree, agreed_error, failure_of
+from bench.faults import AGREED, agree, agreed_error, failure_of, sleeping_barrier
 from bench.provenance import mpi_library
 from bench.local_rates import FULL, QUICK, ROUNDS, check_suites, local_rates, measure_interleaved
 from kernels.errors import InputError
@@ -158,9 +157,7 @@ def write_calibration(path, constants):
 
 def _sleeping_bcast(comm, value):
     """``comm.bcast(value, root=0)`` after a barrier that sleeps, so idle ranks leave their cores alone."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(1e-3)
+    sleeping_barrier(comm)
     return comm.bcast(value, root=0)
 
 

@@ -91,11 +91,12 @@ def make_config(args, job_size, comm=None):
 
     The case gets the suite's settings from ``--set`` and the ``MLSCALE_*`` variables
     (`bench.settings.resolve`); its ``settings.warnings`` are for the caller to print.
-    Memory and cores (`bench.resources`) are checked on this node for ``sweep``
-    (before the job starts) and on every node of the job ``comm`` when given
-    (``run``; collective, its one-line warning printed by rank 0).
+    For ``sweep`` the plan (`bench.sweep.plan_points`: a named variant no rank count
+    can run) and this node's memory and cores (`bench.resources`) are checked before
+    the job starts; for ``run``, memory and cores on every node of the job ``comm``
+    when given (collective, its one-line warning printed by rank 0).
     """
-    from bench.sweep import SweepConfig
+    from bench.sweep import SweepConfig, plan_points
 
     resolve_size_options(args)
     cls = case_class(args.suite)
@@ -115,6 +116,7 @@ def make_config(args, job_size, comm=None):
         time_limit=parse_duration(args.time_limit) if args.time_limit else None,
     )
     if getattr(args, "command", None) == "sweep":
+        plan_points(case, config)  # a variant no rank count can run is refused before the job starts
         check_local(case, config, job_size, args.force)
     elif comm is not None:
         warning = check_job(comm, case, config, args.force)

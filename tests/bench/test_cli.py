@@ -10,9 +10,9 @@ from kernels.errors import InputError
 from tests.clitools import PROMPT, ROOT, command, mlscale, rows_of
 
 
-def mlscale_under_mpi(ranks, *args):
-    """Run ``mpiexec -n RANKS mlscale run ARGS`` (as inside a batch job)."""
-    return mlscale("run", *args, ranks=ranks)
+def mlscale_under_mpi(ranks, *args, **environment):
+    """Run ``mpiexec -n RANKS mlscale run ARGS`` (as inside a batch job) with extra environment variables."""
+    return mlscale("run", *args, ranks=ranks, **environment)
 
 
 def test_list_names_every_suite_and_variant():
@@ -92,7 +92,8 @@ def test_a_foreign_csv_is_refused_and_left_untouched(tmp_path):
 
 def test_a_rank_that_raises_aborts_the_job_with_one_line(tmp_path):
     path = str(tmp_path / "x.csv")
-    status, _, err = mlscale_under_mpi(3, "tests.fake_cases:RaisesOnRankOne", "--csv", path)
+    status, _, err = mlscale_under_mpi(3, "tests.fake_cases:RaisesOnRankOne", "--csv", path,
+                                       MLSCALE_GRACE_SECONDS="0.3")  # the others wait 0.3 s, not 10, to abort
     assert status != 0
     assert err.strip() == "mlscale: error: rank 1: RuntimeError: boom on purpose"
     assert len(rows_of(path)) == 0

@@ -27,18 +27,18 @@ def mlscale_lines(err):
     ("SetupFailsBeforeASplit", 1, "mlscale: error: rank 2: ValueError: setup on purpose"),
 ])
 def test_an_error_on_one_rank_ends_every_rank_with_one_line(case, status, line, tmp_path):
-    """Where the others wait in a collective the failing rank left, it aborts after the grace (1 s here, not
+    """Where the others wait in a collective the failing rank left, it aborts after the grace (0.3 s here, not
     the default 10 s); where they reach the agreement, every rank raises: the same line and status either way."""
     path = str(tmp_path / "x.csv")
     code, _, err = mlscale("run", f"tests.fake_cases:{case}", "--csv", path, ranks=3, timeout=PROMPT,
-                           MLSCALE_GRACE_SECONDS="1")
+                           MLSCALE_GRACE_SECONDS="0.3")
     assert (code, err.strip()) == (status, line)
     assert rows_of(path) == []
 
 
 def test_an_error_on_one_rank_ends_the_job_while_idle_ranks_sleep(tmp_path):
     code, _, err = mlscale("sweep", "tests.fake_cases:InputErrorInRunOnRankOne", "--np", "3", "--ranks", "2,3",
-                           "--csv", str(tmp_path / "x.csv"), timeout=PROMPT, MLSCALE_GRACE_SECONDS="1")
+                           "--csv", str(tmp_path / "x.csv"), timeout=PROMPT, MLSCALE_GRACE_SECONDS="0.3")
     assert (code, err.strip()) == (2, "mlscale: error: one class only on purpose")
 
 
@@ -53,7 +53,7 @@ def test_an_input_error_of_every_rank_inside_the_timed_work_is_one_line(tmp_path
 
 def test_debug_prints_the_traceback_and_still_aborts(tmp_path):
     code, _, err = mlscale("run", "tests.fake_cases:RaisesOnRankOne", "--csv", str(tmp_path / "x.csv"), ranks=2,
-                           timeout=PROMPT, MLSCALE_DEBUG="1", MLSCALE_GRACE_SECONDS="1")
+                           timeout=PROMPT, MLSCALE_DEBUG="1", MLSCALE_GRACE_SECONDS="0.3")
     assert code == 1
     assert mlscale_lines(err) == ["mlscale: error: rank 1: RuntimeError: boom on purpose"]
     assert "Traceback (most recent call last)" in err and 'raise RuntimeError("boom on purpose")' in err

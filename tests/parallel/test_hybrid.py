@@ -1,13 +1,13 @@
 """Hybrid dp x tp x pp training against serial training, on every grid that fits the job."""
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from kernels.errors import InputError
 from parallel.hybrid import HybridTrainer, check_grid, serial_model
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import train_step
 from parallel.nn.optim import SGD
+from tests.mpitools import all_ranks
 
 HIDDEN, FFN, BLOCKS = 5, 7, 4  # 7 does not split evenly over 2, 3 or 4 tensor ranks
 BATCH, MICRO_BATCHES = 36, 3  # replicas of 36, 18, 12 or 9 samples: 3 micro-batches each
@@ -18,10 +18,6 @@ GRIDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (3, 1, 1), (1, 3, 1), (1, 1
 def batches():
     rng = np.random.default_rng(5)
     return [(rng.standard_normal((BATCH, HIDDEN)), rng.integers(0, HIDDEN, BATCH)) for _ in range(2)]
-
-
-def all_ranks(comm, verdict):
-    return comm.allreduce(bool(verdict), op=MPI.LAND)
 
 
 @pytest.mark.mpi(min_size=1)

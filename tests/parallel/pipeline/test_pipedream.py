@@ -13,6 +13,7 @@ from parallel.nn.optim import SGD
 from parallel.pipeline.pipedream import PipeDream, forward_versions, serial_pipedream
 from parallel.pipeline.schedule import (BACKWARD, FORWARD, bubble_fraction, partition, pipedream_drain,
                                         pipedream_step, replay, stage_schedule)
+from tests.mpitools import all_ranks, from_root
 
 SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages
 LR = 0.1
@@ -45,10 +46,6 @@ def test_the_steady_state_has_no_bubble_and_replay_takes_earlier_inputs_as_ready
         assert all(len(schedule) == 2 * m for schedule in schedules)
         clocks = replay(schedules, [[1.0] * len(schedule) for schedule in schedules])
         assert bubble_fraction([2.0 * m] * stages, clocks) == 0.0
-
-
-def all_ranks(comm, verdict):
-    return comm.allreduce(bool(verdict), op=MPI.LAND)
 
 
 def data(samples, seed=3):
@@ -171,8 +168,7 @@ def test_mnist_loss_after_pipedream_steps_is_within_tolerance_of_synchronous_sgd
     trained = mnist_cnn(seed=0, dtype=np.float64)
     for (param, _), value in zip(trained.parameters(), gathered):
         param[...] = value
-    initial, reference = comm.bcast(_synchronous_losses(images, labels, train, test, rows, lr) if comm.rank == 0
-                                    else None, root=0)  # the serial reference once, not on every rank
+    initial, reference = from_root(comm, lambda: _synchronous_losses(images, labels, train, test, rows, lr))
     loss = softmax_cross_entropy(trained.forward(images[test]), labels[test])[0]
     assert reference < 0.5 * initial  # synchronous SGD has learnt; PipeDream's staleness costs at most the tolerance
     assert abs(loss - reference) <= LOSS_TOLERANCE * reference

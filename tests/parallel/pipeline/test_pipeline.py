@@ -3,7 +3,6 @@ import itertools
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from kernels.errors import InputError
 from parallel.nn.layers import Flatten, Linear, Sequential, softmax_cross_entropy
@@ -12,6 +11,7 @@ from parallel.nn.optim import SGD
 from parallel.pipeline.stage import Pipeline
 from parallel.pipeline.schedule import (BACKWARD, FORWARD, SCHEDULES, bubble_fraction, idle_fraction,
                                         layer_parameter_count, partition, replay, stage_schedule, theoretical_bubble)
+from tests.mpitools import all_ranks
 
 SIZES = [6, 9, 7, 8, 5, 4]  # 5 Linear and 4 ReLU layers: room for 4 stages
 BATCH = 12
@@ -95,10 +95,6 @@ def test_partition_rejects_more_stages_than_layers_and_unknown_balances():
 def batches():
     rng = np.random.default_rng(3)
     return [(rng.standard_normal((BATCH, SIZES[0])), rng.integers(0, SIZES[-1], BATCH)) for _ in range(2)]
-
-
-def all_ranks(comm, verdict):
-    return comm.allreduce(bool(verdict), op=MPI.LAND)
 
 
 def build_pipeline(comm, micro_batches, name, balance="layers"):
