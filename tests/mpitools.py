@@ -1,4 +1,7 @@
 """Helpers for the tests that run under MPI."""
+import sys
+from contextlib import contextmanager
+
 from mpi4py import MPI
 
 from bench.faults import sleeping_barrier
@@ -15,3 +18,20 @@ def from_root(comm, compute):
     value = compute() if comm.rank == 0 else None
     sleeping_barrier(comm)
     return comm.bcast(value, root=0)
+
+
+@contextmanager
+def combination(*values):
+    """A failure inside the block names ``values`` (types by name): which pass of a test's loops failed.
+
+    The name is a note under the error (Python 3.11+), else a line on the test's captured stderr.
+    """
+    try:
+        yield
+    except BaseException as error:
+        name = "in combination: " + " ".join(getattr(value, "__name__", None) or str(value) for value in values)
+        if hasattr(error, "add_note"):
+            error.add_note(name)
+        else:
+            print(name, file=sys.stderr)
+        raise

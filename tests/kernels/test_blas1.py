@@ -1,10 +1,13 @@
 """Distributed dot, nrm2 and axpy against NumPy, for every supported dtype."""
+import itertools
+
 import numpy as np
 import pytest
 
 from kernels.blas1 import axpy, dot, nrm2
 from kernels.distribution import block_range
 from kernels.errors import InputError
+from tests.mpitools import all_ranks, combination
 
 LENGTHS = [0, 1, 3, 7, 10]   # on 2-4 ranks: uneven blocks, empty blocks, one-element blocks
 DTYPES = [np.float16, np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64]
@@ -35,16 +38,16 @@ def tolerance(dtype, n):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_dot_matches_numpy_on_every_rank(comm, n, dtype):
-    x, y = vector(n, dtype, 1), vector(n, dtype, 2)
-    timings = {}
-    result = dot(comm, block(x, comm), block(y, comm), timings=timings)
-    expected = np.dot(exact(x), exact(y))
-    assert result.dtype == np.dot(x, y).dtype == dtype and set(timings) == {"comm", "compute"}
-    assert abs(exact(np.array([result]))[0] - expected) <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
-    assert comm.allgather(result) == [result] * comm.size
+def test_dot_matches_numpy_on_every_rank(comm):
+    for n, dtype in itertools.product(LENGTHS, DTYPES):
+        with combination("n", n, dtype):
+            x, y = vector(n, dtype, 1), vector(n, dtype, 2)
+            timings = {}
+            result = dot(comm, block(x, comm), block(y, comm), timings=timings)
+            expected = np.dot(exact(x), exact(y))
+            assert result.dtype == np.dot(x, y).dtype == dtype and set(timings) == {"comm", "compute"}
+            assert abs(exact(np.array([result]))[0] - expected) <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
+            assert comm.allgather(result) == [result] * comm.size
 
 
 @pytest.mark.mpi(min_size=1)
@@ -77,15 +80,15 @@ def test_dot_of_vectors_of_different_lengths_fails_on_every_rank(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_nrm2_matches_numpy(comm, n, dtype):
-    x = vector(n, dtype, 3)
-    result = nrm2(comm, block(x, comm), timings={})
-    expected = np.linalg.norm(exact(x).astype(np.complex128))
-    assert result.dtype == np.linalg.norm(x).dtype
-    assert abs(float(result) - expected) <= tolerance(result.dtype, n) * (1 + expected)
-    assert comm.allgather(result) == [result] * comm.size
+def test_nrm2_matches_numpy(comm):
+    for n, dtype in itertools.product(LENGTHS, DTYPES):
+        with combination("n", n, dtype):
+            x = vector(n, dtype, 3)
+            result = nrm2(comm, block(x, comm), timings={})
+            expected = np.linalg.norm(exact(x).astype(np.complex128))
+            assert result.dtype == np.linalg.norm(x).dtype
+            assert abs(float(result) - expected) <= tolerance(result.dtype, n) * (1 + expected)
+            assert comm.allgather(result) == [result] * comm.size
 
 
 @pytest.mark.mpi(min_size=1)
@@ -97,12 +100,13 @@ def test_float16_nrm2_sums_squares_wider_than_float16(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_nrm2_of_integers_is_the_float64_norm(comm, dtype):
-    for values in ([3, 4, 1], [np.iinfo(dtype).min, 0, 0]):
-        x = np.array(values, dtype)
-        result = nrm2(comm, block(x, comm))
-        assert result.dtype == np.float64 and result == np.linalg.norm(x.astype(np.float64))
+def test_nrm2_of_integers_is_the_float64_norm(comm):
+    for dtype in [np.int32, np.int64]:
+        for values in ([3, 4, 1], [np.iinfo(dtype).min, 0, 0]):
+            with combination(dtype, values):
+                x = np.array(values, dtype)
+                result = nrm2(comm, block(x, comm))
+                assert result.dtype == np.float64 and result == np.linalg.norm(x.astype(np.float64))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -113,20 +117,20 @@ def test_nrm2_of_complex_is_real(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype, magnitude", [(np.float64, 1e200), (np.float64, 1e-200),
-                                              (np.float32, 1e30), (np.float32, 1e-30),
-                                              (np.float16, 1e4), (np.float16, 1e-6), (np.float16, 3e4)])
-def test_nrm2_neither_overflows_nor_underflows(comm, dtype, magnitude):
+def test_nrm2_neither_overflows_nor_underflows(comm):
     n = 7
-    x = (magnitude * np.linspace(1.0, 2.0, n)).astype(dtype)
-    largest = np.abs(x.astype(np.float64)).max()
-    expected = largest * np.sqrt(np.sum((x.astype(np.float64) / largest) ** 2))
-    result = nrm2(comm, block(x, comm))
-    if expected > np.finfo(dtype).max:
-        assert result == np.inf    # the norm itself is beyond the type: correctly rounded to inf
-    else:
-        assert np.isfinite(result) and result > 0
-        assert abs(float(result) - expected) <= tolerance(dtype, n) * expected
+    for dtype, magnitude in [(np.float64, 1e200), (np.float64, 1e-200), (np.float32, 1e30), (np.float32, 1e-30),
+                             (np.float16, 1e4), (np.float16, 1e-6), (np.float16, 3e4)]:
+        with combination(dtype, magnitude):
+            x = (magnitude * np.linspace(1.0, 2.0, n)).astype(dtype)
+            largest = np.abs(x.astype(np.float64)).max()
+            expected = largest * np.sqrt(np.sum((x.astype(np.float64) / largest) ** 2))
+            result = nrm2(comm, block(x, comm))
+            if expected > np.finfo(dtype).max:
+                assert result == np.inf    # the norm itself is beyond the type: correctly rounded to inf
+            else:
+                assert np.isfinite(result) and result > 0
+                assert abs(float(result) - expected) <= tolerance(dtype, n) * expected
 
 
 @pytest.mark.mpi(min_size=1)
@@ -139,17 +143,17 @@ def test_nrm2_of_zeros_inf_and_nan(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_axpy_matches_numpy(comm, n, dtype):
-    x, y = vector(n, dtype, 4), vector(n, dtype, 5)
-    alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
-    local_y = block(y, comm)
-    result = axpy(alpha, block(x, comm), local_y, timings={})
-    expected = block(alpha * exact(x) + exact(y), comm)
-    assert result is local_y and result.dtype == dtype
-    allowance = tolerance(dtype, 1) * (1 + np.abs(expected))
-    assert comm.allreduce(int(not np.all(np.abs(exact(result) - expected) <= allowance))) == 0
+def test_axpy_matches_numpy(comm):
+    for n, dtype in itertools.product(LENGTHS, DTYPES):
+        with combination("n", n, dtype):
+            x, y = vector(n, dtype, 4), vector(n, dtype, 5)
+            alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
+            local_y = block(y, comm)
+            result = axpy(alpha, block(x, comm), local_y, timings={})
+            expected = block(alpha * exact(x) + exact(y), comm)
+            assert result is local_y and result.dtype == dtype
+            allowance = tolerance(dtype, 1) * (1 + np.abs(expected))
+            assert comm.allreduce(int(not np.all(np.abs(exact(result) - expected) <= allowance))) == 0
 
 
 def test_float16_axpy_rounds_once():
@@ -178,54 +182,52 @@ def test_axpy_of_blocks_of_different_lengths_or_dtypes_is_an_input_error():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", REFUSED, ids=str)
-def test_unsupported_dtypes_are_refused_on_every_rank(comm, dtype):
-    x = np.ones(3, dtype)
-    for call in (lambda: dot(comm, x, x), lambda: nrm2(comm, x), lambda: axpy(1, x, x.copy())):
-        with pytest.raises(TypeError, match="not supported"):
-            call()
+def test_unsupported_dtypes_are_refused_on_every_rank(comm):
+    for dtype in REFUSED:
+        x = np.ones(3, dtype)
+        for name, call in (("dot", lambda: dot(comm, x, x)), ("nrm2", lambda: nrm2(comm, x)),
+                           ("axpy", lambda: axpy(1, x, x.copy()))):
+            with combination(name, dtype), pytest.raises(TypeError, match="not supported"):
+                call()
 
 
 # --- device blocks (the simulated GPU always; CuPy when a GPU is visible) ---
 
-def agreed(comm, ok):
-    """True when ``ok`` holds on every rank (every rank asserts the same verdict)."""
-    return comm.allreduce(int(not ok)) == 0
-
-
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", LENGTHS)
-def test_dot_nrm2_and_axpy_on_device_blocks_match_numpy(comm, device_backend, n, dtype):
+def test_dot_nrm2_and_axpy_on_device_blocks_match_numpy(comm, device_backend):
     device_comm = device_backend.comm(comm)
-    x, y = vector(n, dtype, 1), vector(n, dtype, 2)
-    x_block, y_block = (device_backend.from_host(block(v, comm)) for v in (x, y))
-    product, norm = dot(device_comm, x_block, y_block, timings={}), nrm2(device_comm, x_block, timings={})
-    alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
-    updated = axpy(alpha, x_block, y_block, timings={})
-    on_device = all(device_backend.is_device_array(r) for r in (product, norm, updated)) and updated is y_block
-    assert agreed(comm, on_device and product.shape == norm.shape == () and product.dtype == dtype
-                  and norm.dtype == np.linalg.norm(x).dtype and updated.dtype == dtype)
-    product, norm, updated = (device_backend.to_host(r) for r in (product, norm, updated))
-    expected_norm = np.linalg.norm(exact(x).astype(np.complex128))
-    expected_y = block(alpha * exact(x) + exact(y), comm)
-    assert agreed(comm, abs(exact(product.reshape(1))[0] - np.dot(exact(x), exact(y)))
-                  <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
-                  and abs(float(norm) - expected_norm) <= tolerance(norm.dtype, n) * (1 + expected_norm)
-                  and np.all(np.abs(exact(updated) - expected_y) <= tolerance(dtype, 1) * (1 + np.abs(expected_y))))
-    assert comm.allgather((product.item(), norm.item())) == [(product.item(), norm.item())] * comm.size
+    for n, dtype in itertools.product(LENGTHS, DTYPES):
+        with combination("n", n, dtype):
+            x, y = vector(n, dtype, 1), vector(n, dtype, 2)
+            x_block, y_block = (device_backend.from_host(block(v, comm)) for v in (x, y))
+            product, norm = dot(device_comm, x_block, y_block, timings={}), nrm2(device_comm, x_block, timings={})
+            alpha = {"i": 3, "c": 2.5 - 1j}.get(np.dtype(dtype).kind, 2.5)
+            updated = axpy(alpha, x_block, y_block, timings={})
+            on_device = all(device_backend.is_device_array(r) for r in (product, norm, updated)) and updated is y_block
+            assert all_ranks(comm, on_device and product.shape == norm.shape == () and product.dtype == dtype
+                          and norm.dtype == np.linalg.norm(x).dtype and updated.dtype == dtype)
+            product, norm, updated = (device_backend.to_host(r) for r in (product, norm, updated))
+            expected_norm = np.linalg.norm(exact(x).astype(np.complex128))
+            expected_y = block(alpha * exact(x) + exact(y), comm)
+            assert all_ranks(comm, abs(exact(product.reshape(1))[0] - np.dot(exact(x), exact(y)))
+                          <= tolerance(dtype, n) * (1 + np.abs(x) @ np.abs(y))
+                          and abs(float(norm) - expected_norm) <= tolerance(norm.dtype, n) * (1 + expected_norm)
+                          and np.all(np.abs(exact(updated) - expected_y)
+                                     <= tolerance(dtype, 1) * (1 + np.abs(expected_y))))
+            assert comm.allgather((product.item(), norm.item())) == [(product.item(), norm.item())] * comm.size
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("special, expected", [(0.0, 0.0), (np.inf, np.inf), (np.nan, np.nan), (1e200, None)])
-def test_nrm2_of_device_blocks_with_zeros_inf_nan_and_huge_entries(comm, device_backend, special, expected):
-    x = np.zeros(6) if special == 0.0 else np.ones(6)
-    x[comm.size % 6] = special
-    result = nrm2(device_backend.comm(comm), device_backend.from_host(block(x, comm)))
-    value = float(device_backend.to_host(result))
-    expected = np.linalg.norm(x / 1e200) * 1e200 if expected is None else expected
-    assert agreed(comm, device_backend.is_device_array(result)
-                  and (np.isnan(value) if np.isnan(expected) else value == pytest.approx(expected, rel=1e-15)))
+def test_nrm2_of_device_blocks_with_zeros_inf_nan_and_huge_entries(comm, device_backend):
+    for special, expected in [(0.0, 0.0), (np.inf, np.inf), (np.nan, np.nan), (1e200, None)]:
+        with combination("special", special):
+            x = np.zeros(6) if special == 0.0 else np.ones(6)
+            x[comm.size % 6] = special
+            result = nrm2(device_backend.comm(comm), device_backend.from_host(block(x, comm)))
+            value = float(device_backend.to_host(result))
+            expected = np.linalg.norm(x / 1e200) * 1e200 if expected is None else expected
+            assert all_ranks(comm, device_backend.is_device_array(result)
+                          and (np.isnan(value) if np.isnan(expected) else value == pytest.approx(expected, rel=1e-15)))
 
 
 def test_float16_axpy_on_a_device_rounds_once(device_backend):

@@ -1,4 +1,5 @@
 """Distributed GEMM (1D, SUMMA, Cannon, 2.5D) against NumPy."""
+import itertools
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from kernels.gemm import (gemm_1d, gemm_25d, gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead,
                           grid_25d)
+from tests.mpitools import combination
 
 # (m, k, n): uneven splits, 1-row / 1-column / 1-inner edges, sizes below the rank count, k = 0.
 SIZES = [(7, 9, 5), (1, 9, 5), (7, 1, 5), (7, 9, 1), (2, 3, 2), (3, 0, 2)]
@@ -60,58 +62,59 @@ def grid(request, comm):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("variant", ["ring", "allgather"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", SIZES)
-def test_gemm_1d_matches_numpy(comm, size, dtype, variant):
-    a, b = operands(size, dtype)
-    assert_product(comm, a, b, "rows", lambda A, B, t: gemm_1d(A, B, variant, timings=t))
+def test_gemm_1d_matches_numpy(comm, variant):
+    for size, dtype in itertools.product(SIZES, DTYPES):
+        with combination(variant, size, dtype):
+            a, b = operands(size, dtype)
+            assert_product(comm, a, b, "rows", lambda A, B, t: gemm_1d(A, B, variant, timings=t))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", SIZES)
-def test_summa_matches_numpy(comm, grid, size, dtype):
-    a, b = operands(size, dtype)
-    assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=2, timings=t))
+def test_summa_matches_numpy(comm, grid):
+    for size, dtype in itertools.product(SIZES, DTYPES):
+        with combination("grid", grid.dims, size, dtype):
+            a, b = operands(size, dtype)
+            assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=2, timings=t))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("panel", [1, 2, 3, 4, 5, 9, 1000])
-def test_summa_panels_cross_block_boundaries(comm, grid, panel):
+def test_summa_panels_cross_block_boundaries(comm, grid):
     # k = 9 gives blocks of 5 + 4 (2 parts) or 3 + 3 + 3 or 3 + 2 + 2 + 2: panels 2, 3, 4 straddle them.
     a, b = operands((7, 9, 5), np.float64)
-    assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=panel, timings=t))
+    for panel in [1, 2, 3, 4, 5, 9, 1000]:
+        with combination("grid", grid.dims, "panel", panel):
+            assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa(A, B, panel=panel, timings=t))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", SIZES)
-def test_cannon_matches_numpy_on_square_rank_counts_and_refuses_others(comm, size, dtype):
-    grid = ProcessGrid(comm)
-    a, b = operands(size, dtype)
-    if math.isqrt(comm.size) ** 2 == comm.size:
-        assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
-    else:
-        with pytest.raises(InputError, match="square"):
-            assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
-    grid.free()
+def test_cannon_matches_numpy_on_square_rank_counts_and_refuses_others(comm):
+    for size, dtype in itertools.product(SIZES, DTYPES):
+        with combination(size, dtype):
+            grid = ProcessGrid(comm)
+            a, b = operands(size, dtype)
+            if math.isqrt(comm.size) ** 2 == comm.size:
+                assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
+            else:
+                with pytest.raises(InputError, match="square"):
+                    assert_product(comm, a, b, grid, lambda A, B, t: gemm_cannon(A, B, timings=t))
+            grid.free()
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", [(7, 9, 5), (2, 3, 2), (1, 1, 1)])
-def test_25d_matches_numpy_where_the_grid_exists(comm, replicas, size, dtype):
+def test_25d_matches_numpy_where_the_grid_exists(comm, replicas):
     layers = comm.size // replicas
     if comm.size % replicas or math.isqrt(layers) ** 2 != layers:
         with pytest.raises(InputError):
             grid_25d(comm, replicas)
         return
-    grid = grid_25d(comm, replicas)
-    assert grid.dims == (math.isqrt(layers),) * 2 + (replicas,)
-    a, b = operands(size, dtype)
-    assert_product(comm, a, b, grid, lambda A, B, t: gemm_25d(A, B, timings=t))
-    grid.free()
+    for size, dtype in itertools.product([(7, 9, 5), (2, 3, 2), (1, 1, 1)], DTYPES):
+        with combination("replicas", replicas, size, dtype):
+            grid = grid_25d(comm, replicas)
+            assert grid.dims == (math.isqrt(layers),) * 2 + (replicas,)
+            a, b = operands(size, dtype)
+            assert_product(comm, a, b, grid, lambda A, B, t: gemm_25d(A, B, timings=t))
+            grid.free()
 
 
 def multiply_by_every_variant(comm):
@@ -161,15 +164,16 @@ def test_float16_partial_sums_beyond_65504_cancel_in_every_variant(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", REFUSED, ids=str)
-def test_unsupported_dtypes_are_refused_by_every_variant(comm, dtype):
-    for name, layout, multiply in multiply_by_every_variant(comm):
-        A = DistMatrix.zeros(comm, (3, 4), layout, dtype)
-        B = DistMatrix.zeros(comm, (4, 2), layout, dtype)
-        with pytest.raises(TypeError, match="not supported"):
-            multiply(A, B, None)
-        if isinstance(layout, ProcessGrid):
-            layout.free()
+def test_unsupported_dtypes_are_refused_by_every_variant(comm):
+    for dtype in REFUSED:
+        for name, layout, multiply in multiply_by_every_variant(comm):
+            with combination(name, dtype):
+                A = DistMatrix.zeros(comm, (3, 4), layout, dtype)
+                B = DistMatrix.zeros(comm, (4, 2), layout, dtype)
+                with pytest.raises(TypeError, match="not supported"):
+                    multiply(A, B, None)
+                if isinstance(layout, ProcessGrid):
+                    layout.free()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -196,34 +200,34 @@ def test_mismatched_operands_are_input_errors(comm, grid):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("replicas", [0, -1, 1.5])
-def test_25d_replica_counts_that_are_not_positive_integers_are_input_errors(comm, replicas):
-    with pytest.raises(InputError, match="replicas"):
-        grid_25d(comm, replicas)
+def test_25d_replica_counts_that_are_not_positive_integers_are_input_errors(comm):
+    for replicas in [0, -1, 1.5]:
+        with combination("replicas", replicas), pytest.raises(InputError, match="replicas"):
+            grid_25d(comm, replicas)
 
 
 # --- device blocks (the simulated GPU always; CuPy when a GPU is visible) ---
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", [(7, 9, 5), (2, 3, 2), (3, 0, 2)])
-def test_every_gemm_of_device_blocks_matches_numpy(comm, device_backend, size, dtype):
+def test_every_gemm_of_device_blocks_matches_numpy(comm, device_backend):
     device_comm = device_backend.comm(comm)
-    a, b = operands(size, dtype)
-    for name, layout, multiply in multiply_by_every_variant(device_comm):
-        on_device = []
+    for size, dtype in itertools.product([(7, 9, 5), (2, 3, 2), (3, 0, 2)], DTYPES):
+        a, b = operands(size, dtype)
+        for name, layout, multiply in multiply_by_every_variant(device_comm):
+            with combination(name, size, dtype):
+                on_device = []
 
-        def multiply_on_device(host_a, host_b, timings):
-            A, B = (DistMatrix(device_comm, device_backend.from_host(M.local), M.shape, layout)
-                    for M in (host_a, host_b))
-            C = multiply(A, B, timings)
-            on_device.append(device_backend.is_device_array(C.local))
-            return DistMatrix(comm, device_backend.to_host(C.local), C.shape, layout)
+                def multiply_on_device(host_a, host_b, timings):
+                    A, B = (DistMatrix(device_comm, device_backend.from_host(M.local), M.shape, layout)
+                            for M in (host_a, host_b))
+                    C = multiply(A, B, timings)
+                    on_device.append(device_backend.is_device_array(C.local))
+                    return DistMatrix(comm, device_backend.to_host(C.local), C.shape, layout)
 
-        assert_product(comm, a, b, layout, multiply_on_device)
-        assert comm.allreduce(int(on_device != [True])) == 0, name
-        if isinstance(layout, ProcessGrid):
-            layout.free()
+                assert_product(comm, a, b, layout, multiply_on_device)
+                assert comm.allreduce(int(on_device != [True])) == 0
+                if isinstance(layout, ProcessGrid):
+                    layout.free()
 
 
 @pytest.mark.parametrize("dims", [(1, 1), None], ids=["summa_1x1", "cannon_1x1"])

@@ -1,4 +1,5 @@
 """SUMMA with look-ahead and Cannon with overlapped shifts: the results of the plain versions and of ``a @ b``."""
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,9 @@ from kernels.distribution import ProcessGrid, block_offsets
 from kernels.errors import InputError
 from kernels.gemm import gemm_cannon, gemm_cannon_overlap, gemm_summa, gemm_summa_lookahead
 from kernels.gemm_lookahead import summa_panels
-from tests.kernels.test_gemm import DTYPES, SIZES, assert_product, grid, operands  # noqa: F401 (fixture)
+from tests.kernels.test_gemm import (DTYPES, SIZES, assert_product, grid,  # noqa: F401 (fixture)
+                                     operands)
+from tests.mpitools import combination
 
 # Sizes large enough for several panels and steps on 4 ranks, none dividing evenly.
 UNEVEN = SIZES + [(23, 31, 17), (10, 13, 11)]
@@ -48,41 +51,39 @@ def test_summa_panels_tile_the_inner_dimension_within_blocks(k, width, row_parts
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("lookahead", [1, 2, 3])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", UNEVEN)
-def test_summa_lookahead_matches_numpy(comm, grid, size, dtype, lookahead):
-    a, b = operands(size, dtype)
-    assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa_lookahead(A, B, 2, t, lookahead=lookahead))
+def test_summa_lookahead_matches_numpy(comm, grid):
+    for size, dtype, lookahead in itertools.product(UNEVEN, DTYPES, [1, 2, 3]):
+        with combination("grid", grid.dims, size, dtype, "lookahead", lookahead):
+            a, b = operands(size, dtype)
+            assert_product(comm, a, b, grid, lambda A, B, t: gemm_summa_lookahead(A, B, 2, t, lookahead=lookahead))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("panel", [1, 3, 4, 1000])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_summa_lookahead_gives_the_bits_of_summa(comm, grid, dtype, panel):
-    a, b = integer_valued((23, 31, 17), dtype)
-    assert same_bits(comm, grid, a, b, lambda A, B: gemm_summa(A, B, panel),
-                     lambda A, B: gemm_summa_lookahead(A, B, panel))
+def test_summa_lookahead_gives_the_bits_of_summa(comm, grid):
+    for dtype, panel in itertools.product(DTYPES, [1, 3, 4, 1000]):
+        with combination("grid", grid.dims, dtype, "panel", panel):
+            a, b = integer_valued((23, 31, 17), dtype)
+            assert same_bits(comm, grid, a, b, lambda A, B: gemm_summa(A, B, panel),
+                             lambda A, B: gemm_summa_lookahead(A, B, panel))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("pieces", [1, 2, 4, 100])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", UNEVEN)
-def test_cannon_overlap_matches_numpy_on_square_rank_counts_and_refuses_others(comm, size, dtype, pieces):
-    grid = ProcessGrid(comm)
-    a, b = operands(size, dtype)
+def test_cannon_overlap_matches_numpy_on_square_rank_counts_and_refuses_others(comm):
+    for size, dtype, pieces in itertools.product(UNEVEN, DTYPES, [1, 2, 4, 100]):
+        with combination(size, dtype, "pieces", pieces):
+            grid = ProcessGrid(comm)
+            a, b = operands(size, dtype)
 
-    def multiply(A, B, timings):
-        return gemm_cannon_overlap(A, B, timings, pieces=pieces)
-    if math.isqrt(comm.size) ** 2 == comm.size:
-        assert_product(comm, a, b, grid, multiply)
-        x, y = integer_valued(size, dtype)
-        assert same_bits(comm, grid, x, y, gemm_cannon, lambda A, B: multiply(A, B, None))
-    else:
-        with pytest.raises(InputError, match="square"):
-            assert_product(comm, a, b, grid, multiply)
-    grid.free()
+            def multiply(A, B, timings):
+                return gemm_cannon_overlap(A, B, timings, pieces=pieces)
+            if math.isqrt(comm.size) ** 2 == comm.size:
+                assert_product(comm, a, b, grid, multiply)
+                x, y = integer_valued(size, dtype)
+                assert same_bits(comm, grid, x, y, gemm_cannon, lambda A, B: multiply(A, B, None))
+            else:
+                with pytest.raises(InputError, match="square"):
+                    assert_product(comm, a, b, grid, multiply)
+            grid.free()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -96,17 +97,18 @@ def test_exposed_communication_is_part_of_the_time(comm, grid):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("value", [0, -1, 1.5])
-def test_bad_panel_lookahead_and_pieces_are_input_errors(comm, grid, value):
+def test_bad_panel_lookahead_and_pieces_are_input_errors(comm, grid):
     a, b = operands((4, 3, 2), np.float64)
     A, B = DistMatrix.from_global(comm, a, grid), DistMatrix.from_global(comm, b, grid)
-    with pytest.raises(InputError, match="panel width"):
-        gemm_summa_lookahead(A, B, panel=value)
-    with pytest.raises(InputError, match="look-ahead"):
-        gemm_summa_lookahead(A, B, lookahead=value)
+    for value in [0, -1, 1.5]:
+        with combination("grid", grid.dims, "value", value):
+            with pytest.raises(InputError, match="panel width"):
+                gemm_summa_lookahead(A, B, panel=value)
+            with pytest.raises(InputError, match="look-ahead"):
+                gemm_summa_lookahead(A, B, lookahead=value)
+            if grid.dims[0] == grid.dims[1]:
+                with pytest.raises(InputError, match="pieces"):
+                    gemm_cannon_overlap(A, B, pieces=value)
     rows_a, rows_b = DistMatrix.from_global(comm, a, "rows"), DistMatrix.from_global(comm, b, "rows")
     with pytest.raises(InputError, match="2D ProcessGrid"):
         gemm_summa_lookahead(rows_a, rows_b)
-    if grid.dims[0] == grid.dims[1]:
-        with pytest.raises(InputError, match="pieces"):
-            gemm_cannon_overlap(A, B, pieces=value)

@@ -1,4 +1,6 @@
 """Distributed GEMV (row, column and 2D blocks) against NumPy."""
+import itertools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -7,6 +9,7 @@ from kernels.distmatrix import DistMatrix
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from kernels.gemv import gemv_2d, gemv_cols, gemv_rows, vector_ranges
+from tests.mpitools import combination
 
 SHAPES = [(7, 5), (1, 1), (1, 6), (6, 1), (2, 3), (5, 0)]
 DTYPES = [np.float16, np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64]
@@ -48,18 +51,18 @@ def expected_product(a, x):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-def test_gemv_matches_numpy(comm, layout_name, shape, dtype):
-    layout = layout_of(comm, layout_name)
-    a, x = problem(shape, dtype)
-    A = DistMatrix.from_global(comm, a, layout)
-    x_range, y_range = vector_ranges(A)
-    timings = {}
-    y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
-    assert_y(comm, a, x, y, y_range)
-    assert set(timings) == {"comm", "compute"}
-    free(layout)
+def test_gemv_matches_numpy(comm, layout_name):
+    for shape, dtype in itertools.product(SHAPES, DTYPES):
+        with combination(layout_name, shape, dtype):
+            layout = layout_of(comm, layout_name)
+            a, x = problem(shape, dtype)
+            A = DistMatrix.from_global(comm, a, layout)
+            x_range, y_range = vector_ranges(A)
+            timings = {}
+            y = ROUTINES[layout_name](A, x[slice(*x_range)], timings=timings)
+            assert_y(comm, a, x, y, y_range)
+            assert set(timings) == {"comm", "compute"}
+            free(layout)
 
 
 def assert_y(comm, a, x, y, y_range):
@@ -73,21 +76,21 @@ def assert_y(comm, a, x, y, y_range):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-def test_gemv_of_device_blocks_matches_numpy(comm, device_backend, layout_name, shape, dtype):
+def test_gemv_of_device_blocks_matches_numpy(comm, device_backend, layout_name):
     device_comm = device_backend.comm(comm)
-    layout = layout_of(device_comm, layout_name)
-    a, x = problem(shape, dtype)
-    on_host = DistMatrix.from_global(device_comm, a, layout)
-    A = DistMatrix(device_comm, device_backend.from_host(on_host.local), a.shape, layout)
-    x_range, y_range = vector_ranges(A)
-    y = ROUTINES[layout_name](A, device_backend.from_host(x[slice(*x_range)]), timings={})
-    assert comm.allreduce(int(not device_backend.is_device_array(y))) == 0
-    assert_y(comm, a, x, device_backend.to_host(y), y_range)
-    with pytest.raises(TypeError, match="both"):
-        ROUTINES[layout_name](A, x[slice(*x_range)])
-    free(layout)
+    for shape, dtype in itertools.product(SHAPES, DTYPES):
+        with combination(layout_name, shape, dtype):
+            layout = layout_of(device_comm, layout_name)
+            a, x = problem(shape, dtype)
+            on_host = DistMatrix.from_global(device_comm, a, layout)
+            A = DistMatrix(device_comm, device_backend.from_host(on_host.local), a.shape, layout)
+            x_range, y_range = vector_ranges(A)
+            y = ROUTINES[layout_name](A, device_backend.from_host(x[slice(*x_range)]), timings={})
+            assert comm.allreduce(int(not device_backend.is_device_array(y))) == 0
+            assert_y(comm, a, x, device_backend.to_host(y), y_range)
+            with pytest.raises(TypeError, match="both"):
+                ROUTINES[layout_name](A, x[slice(*x_range)])
+            free(layout)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -105,25 +108,27 @@ def test_float16_partial_sums_beyond_65504_cancel(comm, layout_name):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint64, np.longdouble], ids=str)
-def test_unsupported_dtypes_are_refused_on_every_rank(comm, layout_name, dtype):
-    layout = layout_of(comm, layout_name)
-    A = DistMatrix.zeros(comm, (4, 5), layout, dtype)
-    x_range, _ = vector_ranges(A)
-    with pytest.raises(TypeError, match="not supported"):
-        ROUTINES[layout_name](A, np.zeros(x_range[1] - x_range[0], dtype))
-    free(layout)
+def test_unsupported_dtypes_are_refused_on_every_rank(comm, layout_name):
+    for dtype in [np.bool_, np.int8, np.uint64, np.longdouble]:
+        with combination(layout_name, dtype):
+            layout = layout_of(comm, layout_name)
+            A = DistMatrix.zeros(comm, (4, 5), layout, dtype)
+            x_range, _ = vector_ranges(A)
+            with pytest.raises(TypeError, match="not supported"):
+                ROUTINES[layout_name](A, np.zeros(x_range[1] - x_range[0], dtype))
+            free(layout)
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape", [(7, 5), (2, 3)])
-def test_vector_ranges_split_x_and_y_over_all_ranks(comm, layout_name, shape):
-    layout = layout_of(comm, layout_name)
-    A = DistMatrix.zeros(comm, shape, layout)
-    for length, ranges in zip(shape[::-1], zip(*comm.allgather(vector_ranges(A)))):
-        covered = sorted(index for start, stop in ranges for index in range(start, stop))
-        assert covered == list(range(length))
-    free(layout)
+def test_vector_ranges_split_x_and_y_over_all_ranks(comm, layout_name):
+    for shape in [(7, 5), (2, 3)]:
+        with combination(layout_name, shape):
+            layout = layout_of(comm, layout_name)
+            A = DistMatrix.zeros(comm, shape, layout)
+            for length, ranges in zip(shape[::-1], zip(*comm.allgather(vector_ranges(A)))):
+                covered = sorted(index for start, stop in ranges for index in range(start, stop))
+                assert covered == list(range(length))
+            free(layout)
 
 
 @pytest.mark.mpi(min_size=1)

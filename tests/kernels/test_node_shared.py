@@ -1,4 +1,6 @@
 """Blocks in node-shared memory, and SUMMA reading its panels from them in place."""
+import itertools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -9,6 +11,7 @@ from kernels.gemm import gemm_summa_lookahead
 from kernels.node_shared import on_one_node, share_on_node
 from tests.kernels.test_gemm import DTYPES, assert_product, grid, operands  # noqa: F401 (fixture)
 from tests.kernels.test_gemm_overlap import UNEVEN, integer_valued, same_bits
+from tests.mpitools import combination
 
 
 def everywhere(comm, condition):
@@ -33,20 +36,21 @@ def test_ranks_of_one_machine_are_on_one_node(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("shape", [(7, 9), (2, 3), (0, 5), (5, 0)])
-@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.complex64, np.int32])
-def test_every_rank_reads_every_block_in_place(comm, shape, dtype):
-    values = np.arange(np.prod(shape), dtype=np.int64).reshape(shape).astype(dtype)
-    A = DistMatrix.from_global(comm, values, "rows")
-    blocks = share_on_node(A, comm)
-    if comm.size == 1:
-        assert blocks is None and everywhere(comm, np.array_equal(A.local, values))
-        return
-    ok = np.array_equal(A.local, values[A.row_slice]) and A.local is blocks.blocks[comm.rank]
-    ok = ok and all(block.dtype == values.dtype for block in blocks.blocks)
-    ok = ok and np.array_equal(np.concatenate(blocks.blocks), values)
-    blocks.free()
-    assert everywhere(comm, ok)
+def test_every_rank_reads_every_block_in_place(comm):
+    for dtype, shape in itertools.product([np.float16, np.float64, np.complex64, np.int32],
+                                          [(7, 9), (2, 3), (0, 5), (5, 0)]):
+        with combination(dtype, shape):
+            values = np.arange(np.prod(shape), dtype=np.int64).reshape(shape).astype(dtype)
+            A = DistMatrix.from_global(comm, values, "rows")
+            blocks = share_on_node(A, comm)
+            if comm.size == 1:
+                assert blocks is None and everywhere(comm, np.array_equal(A.local, values))
+                continue
+            ok = np.array_equal(A.local, values[A.row_slice]) and A.local is blocks.blocks[comm.rank]
+            ok = ok and all(block.dtype == values.dtype for block in blocks.blocks)
+            ok = ok and np.array_equal(np.concatenate(blocks.blocks), values)
+            blocks.free()
+            assert everywhere(comm, ok)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -61,20 +65,20 @@ def test_writes_fenced_by_writing_are_what_every_rank_reads(comm):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("size", UNEVEN)
-def test_summa_on_shared_blocks_matches_numpy(comm, grid, size, dtype):
-    a, b = operands(size, dtype)
-    assert_product(comm, a, b, grid, summa_shared)
+def test_summa_on_shared_blocks_matches_numpy(comm, grid):
+    for size, dtype in itertools.product(UNEVEN, DTYPES):
+        with combination("grid", grid.dims, size, dtype):
+            a, b = operands(size, dtype)
+            assert_product(comm, a, b, grid, summa_shared)
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("panel", [1, 3, 1000])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
-def test_summa_on_shared_blocks_gives_the_bits_of_the_broadcast_panels(comm, grid, dtype, panel):
-    a, b = integer_valued((23, 31, 17), dtype)
-    assert same_bits(comm, grid, a, b, lambda A, B: gemm_summa_lookahead(A, B, panel),
-                     lambda A, B: summa_shared(A, B, panel=panel))
+def test_summa_on_shared_blocks_gives_the_bits_of_the_broadcast_panels(comm, grid):
+    for dtype, panel in itertools.product([np.float32, np.float64, np.int64], [1, 3, 1000]):
+        with combination("grid", grid.dims, dtype, "panel", panel):
+            a, b = integer_valued((23, 31, 17), dtype)
+            assert same_bits(comm, grid, a, b, lambda A, B: gemm_summa_lookahead(A, B, panel),
+                             lambda A, B: summa_shared(A, B, panel=panel))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,5 +1,6 @@
 """Hand-written collectives against NumPy references on any rank count."""
 import array
+import itertools
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from mpi4py import MPI
 from kernels.distribution import block_range
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.collectives.ring import allgather_ring, allreduce_ring, reduce_scatter_ring
+from tests.mpitools import all_ranks
 
 ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
 LENGTHS = [0, 1, "p-1", 7, 1000, 1001]
@@ -28,8 +30,9 @@ def _reference(comm, n, dtype, op):
     return NUMPY_OPS[op]([_contribution(r, n, dtype) for r in range(comm.size)], axis=0).astype(dtype)
 
 
-def _on_all_ranks(comm, verdict):
-    return comm.allreduce(bool(verdict), op=MPI.LAND)
+def _op_name(op):
+    """``op`` as the test writes it: "sum", "max", MPI.SUM or MPI.MAX."""
+    return op if isinstance(op, str) else "MPI.SUM" if op == MPI.SUM else "MPI.MAX"
 
 
 def _buffers(mine, in_place, recv_size):
@@ -41,23 +44,22 @@ def _buffers(mine, in_place, recv_size):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("op", ["sum", "max"])
-def test_allreduce_matches_numpy(comm, algorithm, length, dtype, in_place, op):
-    n = _length(length, comm)
-    mine = _contribution(comm.rank, n, dtype)
-    sendbuf, recvbuf = _buffers(mine, in_place, n)
-    result = ALLREDUCE_ALGORITHMS[algorithm](comm, sendbuf, recvbuf, op=op)
-    assert result is recvbuf
-    assert _on_all_ranks(comm, result.dtype == dtype and np.array_equal(result, _reference(comm, n, dtype, op)))
-    assert _on_all_ranks(comm, in_place or np.array_equal(sendbuf, mine))
+def test_allreduce_matches_numpy(comm, algorithm):
+    for length, dtype, in_place, op in itertools.product(LENGTHS, DTYPES, [False, True], ["sum", "max"]):
+        n = _length(length, comm)
+        name = f"{algorithm} n={n} {dtype.__name__} in_place={in_place} {op}"
+        mine = _contribution(comm.rank, n, dtype)
+        sendbuf, recvbuf = _buffers(mine, in_place, n)
+        result = ALLREDUCE_ALGORITHMS[algorithm](comm, sendbuf, recvbuf, op=op)
+        assert result is recvbuf, name
+        reduced = result.dtype == dtype and np.array_equal(result, _reference(comm, n, dtype, op))
+        assert all_ranks(comm, reduced), name
+        assert all_ranks(comm, in_place or np.array_equal(sendbuf, mine)), name
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_allreduce_of_random_floats_is_close_to_mpi_and_identical_on_all_ranks(comm, algorithm):
+def test_allreduce_of_random_floats_is_close_to_mpi_and_identicalall_ranks(comm, algorithm):
     n = 1003
     mine = np.random.default_rng(comm.rank).standard_normal(n)
     expected = np.empty(n)
@@ -65,45 +67,42 @@ def test_allreduce_of_random_floats_is_close_to_mpi_and_identical_on_all_ranks(c
     result = ALLREDUCE_ALGORITHMS[algorithm](comm, mine, np.empty(n))
     on_rank_zero = result.copy()
     comm.Bcast(on_rank_zero, root=0)
-    assert _on_all_ranks(comm, np.allclose(result, expected, rtol=1e-12, atol=1e-12))
-    assert _on_all_ranks(comm, np.array_equal(result, on_rank_zero))
+    assert all_ranks(comm, np.allclose(result, expected, rtol=1e-12, atol=1e-12))
+    assert all_ranks(comm, np.array_equal(result, on_rank_zero))
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("op", ["sum", "max"])
-def test_reduce_scatter_ring_leaves_each_rank_its_block(comm, length, dtype, in_place, op):
-    n = _length(length, comm)
-    start, stop = block_range(n, comm.size, comm.rank)
-    mine = _contribution(comm.rank, n, dtype)
-    sendbuf, recvbuf = _buffers(mine, in_place, stop - start)
-    result = reduce_scatter_ring(comm, sendbuf, recvbuf, op=op)
-    block = result[start:stop] if in_place else result
-    assert result is recvbuf
-    assert _on_all_ranks(comm, np.array_equal(block, _reference(comm, n, dtype, op)[start:stop]))
-    if in_place:
-        untouched = np.ones(n, dtype=bool)
-        untouched[start:stop] = False
-        assert _on_all_ranks(comm, np.array_equal(result[untouched], mine[untouched]))
+def test_reduce_scatter_ring_leaves_each_rank_its_block(comm):
+    for length, dtype, in_place, op in itertools.product(LENGTHS, DTYPES, [False, True], ["sum", "max"]):
+        n = _length(length, comm)
+        name = f"n={n} {dtype.__name__} in_place={in_place} {op}"
+        start, stop = block_range(n, comm.size, comm.rank)
+        mine = _contribution(comm.rank, n, dtype)
+        sendbuf, recvbuf = _buffers(mine, in_place, stop - start)
+        result = reduce_scatter_ring(comm, sendbuf, recvbuf, op=op)
+        block = result[start:stop] if in_place else result
+        assert result is recvbuf, name
+        assert all_ranks(comm, np.array_equal(block, _reference(comm, n, dtype, op)[start:stop])), name
+        if in_place:
+            untouched = np.ones(n, dtype=bool)
+            untouched[start:stop] = False
+            assert all_ranks(comm, np.array_equal(result[untouched], mine[untouched])), name
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_place", [False, True])
-def test_allgather_ring_assembles_every_block(comm, length, dtype, in_place):
-    n = _length(length, comm)
-    start, stop = block_range(n, comm.size, comm.rank)
-    expected = (np.arange(n) * 3 + 1).astype(dtype)
-    if in_place:
-        sendbuf, recvbuf = MPI.IN_PLACE, np.full(n, -1, dtype=dtype)
-        recvbuf[start:stop] = expected[start:stop]
-    else:
-        sendbuf, recvbuf = expected[start:stop].copy(), np.full(n, -1, dtype=dtype)
-    assert allgather_ring(comm, sendbuf, recvbuf) is recvbuf
-    assert _on_all_ranks(comm, np.array_equal(recvbuf, expected))
+def test_allgather_ring_assembles_every_block(comm):
+    for length, dtype, in_place in itertools.product(LENGTHS, DTYPES, [False, True]):
+        n = _length(length, comm)
+        name = f"n={n} {dtype.__name__} in_place={in_place}"
+        start, stop = block_range(n, comm.size, comm.rank)
+        expected = (np.arange(n) * 3 + 1).astype(dtype)
+        if in_place:
+            sendbuf, recvbuf = MPI.IN_PLACE, np.full(n, -1, dtype=dtype)
+            recvbuf[start:stop] = expected[start:stop]
+        else:
+            sendbuf, recvbuf = expected[start:stop].copy(), np.full(n, -1, dtype=dtype)
+        assert allgather_ring(comm, sendbuf, recvbuf) is recvbuf, name
+        assert all_ranks(comm, np.array_equal(recvbuf, expected)), name
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -150,13 +149,14 @@ def test_a_read_only_recvbuf_is_refused():
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("typecode, op", [("d", MPI.SUM), ("l", "sum"), ("i", MPI.MAX), ("f", "max")])
-def test_buffer_protocol_objects_and_mpi_ops_are_accepted(comm, algorithm, typecode, op):
+def test_buffer_protocol_objects_and_mpi_ops_are_accepted(comm, algorithm):
     n, rank = 2 * comm.size + 1, comm.rank
     values = [(rank + 1) * (i - 3) for i in range(n)]
-    sendbuf, recvbuf = array.array(typecode, values), array.array(typecode, [0] * n)
-    reference = np.zeros(n, dtype=np.asarray(recvbuf).dtype)
-    mpi_op = op if isinstance(op, MPI.Op) else {"sum": MPI.SUM, "max": MPI.MAX}[op]
-    comm.Allreduce(np.asarray(sendbuf), reference, op=mpi_op)
-    assert ALLREDUCE_ALGORITHMS[algorithm](comm, sendbuf, recvbuf, op=op) is recvbuf
-    assert _on_all_ranks(comm, np.array_equal(np.asarray(recvbuf), reference))
+    for typecode, op in [("d", MPI.SUM), ("l", "sum"), ("i", MPI.MAX), ("f", "max")]:
+        name = f"{algorithm} array({typecode!r}) op {_op_name(op)}"
+        sendbuf, recvbuf = array.array(typecode, values), array.array(typecode, [0] * n)
+        reference = np.zeros(n, dtype=np.asarray(recvbuf).dtype)
+        mpi_op = op if isinstance(op, MPI.Op) else {"sum": MPI.SUM, "max": MPI.MAX}[op]
+        comm.Allreduce(np.asarray(sendbuf), reference, op=mpi_op)
+        assert ALLREDUCE_ALGORITHMS[algorithm](comm, sendbuf, recvbuf, op=op) is recvbuf, name
+        assert all_ranks(comm, np.array_equal(np.asarray(recvbuf), reference)), name

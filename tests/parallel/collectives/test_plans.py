@@ -1,7 +1,9 @@
 """Cached plans (persistent requests on repeated buffers) and the auto allreduce."""
 import array
+import itertools
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ from kernels.distribution import block_range
 from parallel.collectives import ALLREDUCE_ALGORITHMS, plans, release_plans
 from parallel.collectives.auto import SMALL_BYTES, choose
 from parallel.collectives.ring import allgather_ring, reduce_scatter_ring
+from tests.mpitools import all_ranks
 
 ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
 DTYPES = [np.float32, np.float64, np.int32, np.uint8, np.complex128]
@@ -27,47 +30,50 @@ def _reference(comm, n, dtype, call, op):
     return (np.sum if op == "sum" else np.max)(stacked, axis=0).astype(dtype)
 
 
-def _on_all_ranks(comm, verdict):
-    return comm.allreduce(bool(verdict), op=MPI.LAND)
-
-
 def _plans_of(comm):
     return [entry for entry in plans._CACHE.values() if isinstance(entry, plans._Plan) and entry.comm == comm]
 
 
-@pytest.fixture
-def fresh(comm):
+@contextmanager
+def _duplicate_without_plans(comm):
     """A duplicate of ``comm`` with no cached plans, released and freed afterwards."""
     dup = comm.Dup()
-    yield dup
-    release_plans(dup)
-    dup.Free()
+    try:
+        yield dup
+    finally:
+        release_plans(dup)
+        dup.Free()
+
+
+@pytest.fixture
+def fresh(comm):
+    """``_duplicate_without_plans(comm)`` for the whole test."""
+    with _duplicate_without_plans(comm) as dup:
+        yield dup
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("length", [0, 1, "p-1", 1001, 3000])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_place", [False, True])
-def test_repeated_calls_on_the_same_buffers_follow_their_contents(fresh, algorithm, length, dtype, in_place):
-    comm = fresh
-    n = comm.size - 1 if length == "p-1" else length
-    ops = ["sum"] if np.dtype(dtype).kind == "c" else ["sum", "max", MPI.SUM]
-    send, recv = np.empty(n, dtype), np.empty(n, dtype)
-    verdicts = []
-    for call in range(4):
-        for op in ops:
-            mine = _contribution(comm.rank, n, dtype, call)
-            if in_place:
-                recv[:] = mine
-            else:
-                send[:] = mine
-                recv[:] = 99
-            result = ALLREDUCE_ALGORITHMS[algorithm](comm, MPI.IN_PLACE if in_place else send, recv, op=op)
-            name = op if isinstance(op, str) else "sum"
-            verdicts.append(result is recv and np.array_equal(recv, _reference(comm, n, dtype, call, name)))
-            verdicts.append(in_place or np.array_equal(send, mine))
-    assert _on_all_ranks(comm, all(verdicts))
+def test_repeated_calls_on_the_same_buffers_follow_their_contents(comm, algorithm):
+    for length, dtype, in_place in itertools.product([0, 1, "p-1", 1001, 3000], DTYPES, [False, True]):
+        with _duplicate_without_plans(comm) as fresh:
+            n = fresh.size - 1 if length == "p-1" else length
+            ops = ["sum"] if np.dtype(dtype).kind == "c" else ["sum", "max", MPI.SUM]
+            send, recv = np.empty(n, dtype), np.empty(n, dtype)
+            verdicts = []
+            for call in range(4):
+                for op in ops:
+                    mine = _contribution(fresh.rank, n, dtype, call)
+                    if in_place:
+                        recv[:] = mine
+                    else:
+                        send[:] = mine
+                        recv[:] = 99
+                    result = ALLREDUCE_ALGORITHMS[algorithm](fresh, MPI.IN_PLACE if in_place else send, recv, op=op)
+                    name = op if isinstance(op, str) else "sum"
+                    verdicts.append(result is recv and np.array_equal(recv, _reference(fresh, n, dtype, call, name)))
+                    verdicts.append(in_place or np.array_equal(send, mine))
+            assert all_ranks(fresh, all(verdicts)), f"{algorithm} n={n} {dtype.__name__} in_place={in_place}"
 
 
 @pytest.mark.mpi(min_size=2)
@@ -79,8 +85,8 @@ def test_the_second_call_on_the_same_buffers_runs_on_persistent_requests(fresh, 
     first = [plan.requests for plan in _plans_of(comm)]
     ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
     second = [len(plan.requests) for plan in _plans_of(comm)]
-    assert _on_all_ranks(comm, first == [[]] and len(second) == 1 and second[0] > 0)
-    assert _on_all_ranks(comm, np.array_equal(recv, np.full(n, comm.size, float)))
+    assert all_ranks(comm, first == [[]] and len(second) == 1 and second[0] > 0)
+    assert all_ranks(comm, np.array_equal(recv, np.full(n, comm.size, float)))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -97,7 +103,7 @@ def test_a_buffer_changed_in_place_gets_a_new_plan(fresh, algorithm):
     send.dtype = recv.dtype = np.int64    # same memory, read as integers
     send[:] = comm.rank + 1
     ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
-    assert _on_all_ranks(comm, recv.dtype == np.int64 and np.all(recv == comm.size * (comm.size + 1) // 2))
+    assert all_ranks(comm, recv.dtype == np.int64 and np.all(recv == comm.size * (comm.size + 1) // 2))
     recv.setflags(write=False)
     with pytest.raises(ValueError, match="read-only"):
         ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
@@ -131,7 +137,7 @@ def test_a_repeated_call_is_served_without_reading_shapes_or_strides(fresh, algo
         send[:] = _contribution(comm.rank, n, np.float64, call)
         ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
         verdicts.append(np.array_equal(recv.view(np.ndarray), _reference(comm, n, np.float64, call, "sum")))
-    assert _on_all_ranks(comm, all(verdicts) and _CountingArray.reads == 0)
+    assert all_ranks(comm, all(verdicts) and _CountingArray.reads == 0)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -150,7 +156,7 @@ def test_plans_are_per_communicator(comm, fresh, algorithm):
     finally:
         release_plans(split)
         split.Free()
-    assert _on_all_ranks(comm, all(verdicts))
+    assert all_ranks(comm, all(verdicts))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -163,7 +169,7 @@ def test_the_cache_is_bounded_and_evicted_plans_free_their_requests(fresh):
     for send, recv in pairs[1:]:
         allreduce(comm, send, recv)
     all_summed = all(np.all(recv == comm.size) for _, recv in pairs)
-    assert _on_all_ranks(comm, len(plans._CACHE) <= plans.CACHE_SIZE and requests
+    assert all_ranks(comm, len(plans._CACHE) <= plans.CACHE_SIZE and requests
                          and all(request == MPI.REQUEST_NULL for request in requests) and all_summed)
 
 
@@ -182,30 +188,31 @@ def test_release_plans_frees_requests_and_a_freed_communicator_is_not_served(com
     with pytest.raises(MPI.Exception):
         ALLREDUCE_ALGORITHMS["ring"](dup, send, recv)
     release_plans(dup)
-    assert _on_all_ranks(comm, freed)
+    assert all_ranks(comm, freed)
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("in_place", [False, True])
-def test_reduce_scatter_and_allgather_repeat_on_the_same_buffers(fresh, in_place):
-    comm, n = fresh, 2 * fresh.size + 1
+def test_reduce_scatter_and_allgather_repeat_on_the_same_buffers(comm):
+    n = 2 * comm.size + 1
     start, stop = block_range(n, comm.size, comm.rank)
-    full, block = np.empty(n), np.empty(stop - start)
-    verdicts = []
-    for call in range(3):
-        mine = _contribution(comm.rank, n, np.float64, call)
-        expected = _reference(comm, n, np.float64, call, "sum")
-        full[:] = mine
-        reduce_scatter_ring(comm, MPI.IN_PLACE if in_place else full, full if in_place else block)
-        verdicts.append(np.array_equal(full[start:stop] if in_place else block, expected[start:stop]))
-        full[:] = -1
-        if in_place:
-            full[start:stop] = expected[start:stop]
-        else:
-            block[:] = expected[start:stop]
-        allgather_ring(comm, MPI.IN_PLACE if in_place else block, full)
-        verdicts.append(np.array_equal(full, expected))
-    assert _on_all_ranks(comm, all(verdicts))
+    for in_place in [False, True]:
+        with _duplicate_without_plans(comm) as fresh:
+            full, block = np.empty(n), np.empty(stop - start)
+            verdicts = []
+            for call in range(3):
+                mine = _contribution(fresh.rank, n, np.float64, call)
+                expected = _reference(fresh, n, np.float64, call, "sum")
+                full[:] = mine
+                reduce_scatter_ring(fresh, MPI.IN_PLACE if in_place else full, full if in_place else block)
+                verdicts.append(np.array_equal(full[start:stop] if in_place else block, expected[start:stop]))
+                full[:] = -1
+                if in_place:
+                    full[start:stop] = expected[start:stop]
+                else:
+                    block[:] = expected[start:stop]
+                allgather_ring(fresh, MPI.IN_PLACE if in_place else block, full)
+                verdicts.append(np.array_equal(full, expected))
+            assert all_ranks(fresh, all(verdicts)), f"in_place={in_place}"
 
 
 @pytest.mark.mpi(min_size=1)
@@ -216,7 +223,7 @@ def test_buffer_protocol_objects_are_not_held_after_the_call(fresh):
         ALLREDUCE_ALGORITHMS["recursive_doubling"](comm, send, recv)
     send.append(3.0)          # a held export would make these a BufferError
     recv.append(0.0)
-    assert _on_all_ranks(comm, list(recv) == [comm.size, 2.0 * comm.size, 0.0])
+    assert all_ranks(comm, list(recv) == [comm.size, 2.0 * comm.size, 0.0])
 
 
 def test_auto_chooses_recursive_doubling_small_and_bandwidth_optimal_large():
@@ -229,14 +236,16 @@ def test_auto_chooses_recursive_doubling_small_and_bandwidth_optimal_large():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("nbytes", [8, SMALL_BYTES // 4, SMALL_BYTES // 4 + 8, SMALL_BYTES // 2, SMALL_BYTES // 2 + 8])
-def test_auto_matches_numpy_across_its_thresholds(fresh, nbytes):
-    comm, n = fresh, nbytes // 8
-    mine = _contribution(comm.rank, n, np.float64, 0)
-    recv = np.empty(n)
-    for _ in range(2):
-        ALLREDUCE_ALGORITHMS["auto"](comm, mine, recv)
-    assert _on_all_ranks(comm, np.array_equal(recv, _reference(comm, n, np.float64, 0, "sum")))
+def test_auto_matches_numpy_across_its_thresholds(comm):
+    for nbytes in [8, SMALL_BYTES // 4, SMALL_BYTES // 4 + 8, SMALL_BYTES // 2, SMALL_BYTES // 2 + 8]:
+        with _duplicate_without_plans(comm) as fresh:
+            n = nbytes // 8
+            mine = _contribution(fresh.rank, n, np.float64, 0)
+            recv = np.empty(n)
+            for _ in range(2):
+                ALLREDUCE_ALGORITHMS["auto"](fresh, mine, recv)
+            expected = _reference(fresh, n, np.float64, 0, "sum")
+            assert all_ranks(fresh, np.array_equal(recv, expected)), f"{nbytes} bytes"
 
 
 def test_plans_are_freed_before_mpi_finalizes():
