@@ -13,6 +13,7 @@ then one loop over prepared calls: no argument checks, slicing or allocation per
 from functools import partial
 
 import numpy as np
+from mpi4py import MPI
 
 #: Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
 COLLECTIVE_TAG = 0x6D6C
@@ -35,10 +36,8 @@ class Schedule:
         self.scratch, self.steps = 0, []
 
     def step(self, sends=(), recvs=(), ops=()):
-        """Append a step; return the schedule. A step that both sends and receives has one message
-        each way (any number of sends alone or receives alone)."""
-        if sends and recvs and len(sends) + len(recvs) != 2:
-            raise ValueError("a step that sends and receives has one message each way")
+        """Append a step; return the schedule. A step may send to and receive from any number of
+        peers (`bind` says how its messages are posted)."""
         self.steps.append((tuple(sends), tuple(recvs), tuple(ops)))
         views = [spec for spec, _ in sends] + [spec for spec, _ in recvs] + [spec for _, *specs in ops for spec in specs]
         self.scratch = max([self.scratch] + [part.stop for name, part in views if name == "tmp"])
@@ -52,6 +51,16 @@ class Schedule:
     def copy(self, source, target):
         """A local copy (no message)."""
         return self.step(ops=[("copy", source, target)])
+
+    def relabelled(self, peer_of):
+        """The same steps with every peer ``r`` replaced by ``peer_of(r)`` (a schedule written for
+        virtual ranks, run on real ones: a collective rooted at 0 run for another root)."""
+        schedule = Schedule()
+        schedule.scratch = self.scratch
+        schedule.steps = [(tuple((spec, peer_of(peer)) for spec, peer in sends),
+                           tuple((spec, peer_of(peer)) for spec, peer in recvs), ops)
+                          for sends, recvs, ops in self.steps]
+        return schedule
 
 
 def bind(schedule, comm, arrays, ufunc, persistent):
@@ -67,7 +76,9 @@ def bind(schedule, comm, arrays, ufunc, persistent):
         The reduction of "reduce" ops (None for collectives that do not reduce).
     persistent : bool
         True: messages on persistent requests (returned too, for `free_requests`);
-        False: blocking ``Sendrecv`` / ``Send`` / ``Recv``.
+        False: blocking ``Sendrecv`` (one message each way), ``Send`` / ``Recv`` (one
+        way only, in turn), or ``Irecv`` / ``Isend`` and one ``Waitall`` (several
+        messages both ways).
 
     Returns
     -------
@@ -91,6 +102,8 @@ def bind(schedule, comm, arrays, ufunc, persistent):
         elif len(sends) == 1 and len(recvs) == 1:
             (outgoing, dest), (incoming, source) = sends[0], recvs[0]
             calls.append(partial(comm.Sendrecv, outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG))
+        elif sends and recvs:
+            calls.append(partial(_post_and_wait, comm, sends, recvs))
         else:
             calls += [partial(comm.Recv, buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
             calls += [partial(comm.Send, buf, peer, COLLECTIVE_TAG) for buf, peer in sends]
@@ -103,6 +116,12 @@ def bind(schedule, comm, arrays, ufunc, persistent):
                 source, target = specs
                 calls.append(partial(np.copyto, view(target), view(source)))
     return calls, requests
+
+
+def _post_and_wait(comm, sends, recvs):
+    """Every receive and send of a step in flight at once, then wait for all."""
+    MPI.Request.Waitall([comm.Irecv(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+                        + [comm.Isend(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
 
 
 def run_calls(calls):
