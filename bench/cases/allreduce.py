@@ -14,7 +14,7 @@ from bench.case import Case, bandwidth_metrics
 from bench.models.allreduce import AllreduceModel
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
-from parallel.collectives.nccl import NcclAllreduce, unavailable_reason
+from parallel.collectives.nccl import NcclCollective, unavailable_reason
 
 SEED = 2024
 
@@ -60,8 +60,7 @@ class Allreduce(Case):
         send = backend.from_host(rank_input(comm.rank, count, dtype))
         recv = backend.xp.zeros(count, dtype)
         if variant == "nccl":
-            nccl = NcclAllreduce(comm, backend.xp)
-            return _State(comm, backend, dtype, nccl, send, recv, nccl)
+            return _State(comm, backend, dtype, None, send, recv, NcclCollective(comm, backend.xp))
         algorithm = _mpi_allreduce if variant == "mpi" else ALLREDUCE_ALGORITHMS[variant]
         return _State(comm, backend, dtype, functools.partial(algorithm, comm), send, recv)
 
@@ -74,7 +73,7 @@ class Allreduce(Case):
 
     def run(self, state):
         if state.nccl is not None:  # device buffers straight to NCCL, never staged
-            state.nccl(state.send, state.recv)
+            state.nccl.allreduce(state.send, state.recv)
         else:
             state.backend.staged(state.algorithm, state.send, state.recv, outputs=(1,))
 

@@ -1,13 +1,14 @@
-"""NCCL allreduce through CuPy (``cupy.cuda.nccl``): the library reference for device buffers.
+"""NCCL's collectives through CuPy (``cupy.cuda.nccl``): the library reference for device buffers.
 
-A GPU user would sum gradients with NCCL rather than MPI; the ``allreduce``
-suite's ``nccl`` variant measures it beside MPI and the hand-written algorithms
+A GPU user would sum gradients with NCCL rather than MPI; the ``nccl`` variant of the
+collective suites (allreduce, allgather, reduce_scatter, alltoall, bcast, reduce)
+measures it beside MPI and the hand-written algorithms
 (which reach device buffers through host staging or a CUDA-aware MPI). MPI only
 bootstraps the NCCL communicator: rank 0 draws the unique id, the others receive
 it by broadcast. NCCL wants one GPU per rank; `unavailable_reason` says, the same
 on every rank, why it cannot run (no NCCL in this CuPy, two ranks on one GPU)
 before anything is set up. The module lives with the collectives (not in
-``kernels``) because it is one of the allreduce algorithms the suite compares.
+``kernels``) because it is one of the algorithms the suites compare.
 """
 import importlib
 
@@ -59,8 +60,8 @@ def unavailable_reason(comm, xp):
     return None
 
 
-class NcclAllreduce:
-    """Out-of-place SUM allreduce of device arrays over NCCL, one GPU per rank of ``comm``.
+class NcclCollective:
+    """NCCL's collectives on device arrays, one GPU per rank of ``comm``, as nccl-tests calls them.
 
     Parameters
     ----------
@@ -70,29 +71,103 @@ class NcclAllreduce:
     xp : module
         The array module (``cupy``).
 
-    Calling it with ``(send, recv)`` (device arrays of the same length and type,
-    shape (n,) on every rank) writes the sum over the ranks into ``recv`` on the
-    current stream and synchronises that stream, so the result is complete when
-    the call returns. Communication: NCCL's allreduce of n elements (ring or tree,
-    NCCL's choice). `close` destroys the NCCL communicator.
+    Each method runs on the current stream and synchronises it, so the result is complete when
+    it returns. ``send`` may be ``MPI.IN_PLACE`` (the data in ``recv``, laid out as MPI's in-place
+    call has it: a rank's block at its offset for allgather and reduce_scatter). NCCL's blocks
+    are equal: allgather, reduce_scatter and alltoall need a whole vector divisible by the ranks
+    (a ``ValueError`` otherwise). Communication: NCCL's own algorithm and transport for each
+    (alltoall: one ``send`` and one ``recv`` per peer in one group, as nccl-tests does). `close`
+    destroys the NCCL communicator.
     """
 
     def __init__(self, comm, xp):
         self._nccl = nccl_of(xp)
         if self._nccl is None:
             raise ValueError("NCCL is not available in this CuPy")
-        self._xp = xp
+        self._xp, self.rank, self.size = xp, comm.rank, comm.size
         unique_id = comm.bcast(self._nccl.get_unique_id() if comm.rank == 0 else None, root=0)
         self._comm = self._nccl.NcclCommunicator(comm.size, unique_id, comm.rank)
 
-    def __call__(self, send, recv):
-        if send.dtype != recv.dtype or send.size != recv.size:
-            raise ValueError(f"send ({send.size} {send.dtype}) and recv ({recv.size} {recv.dtype}) differ")
-        if send.dtype.name not in NCCL_TYPES:
-            raise TypeError(f"NCCL sums {', '.join(NCCL_TYPES)}, not {send.dtype.name}")
+    def _type(self, array):
+        if array.dtype.name not in NCCL_TYPES:
+            raise TypeError(f"NCCL takes {', '.join(NCCL_TYPES)}, not {array.dtype.name}")
+        return getattr(self._nccl, NCCL_TYPES[array.dtype.name])
+
+    def _op(self, op):
+        return {"sum": self._nccl.NCCL_SUM, "max": self._nccl.NCCL_MAX}[op]
+
+    def _blocks(self, n):
+        if n % self.size:
+            raise ValueError(f"NCCL's blocks are equal: {n} items do not divide over {self.size} ranks")
+        return n // self.size
+
+    def _run(self, call, *args):
         stream = self._xp.cuda.get_current_stream()
-        self._comm.allReduce(send.data.ptr, recv.data.ptr, send.size, getattr(self._nccl, NCCL_TYPES[send.dtype.name]),
-                             self._nccl.NCCL_SUM, stream.ptr)
+        call(*args, stream.ptr)
+        stream.synchronize()
+
+    @staticmethod
+    def _check(send, recv, expected):
+        if send.dtype != recv.dtype or send.size != expected:
+            raise ValueError(f"send ({send.size} {send.dtype}) and recv ({recv.size} {recv.dtype}) differ")
+
+    def allreduce(self, send, recv, op="sum"):
+        """``recv`` (n,) = the reduction of every rank's ``send`` (n,)."""
+        send = recv if send is MPI.IN_PLACE else send
+        kind = self._type(recv)
+        self._check(send, recv, recv.size)
+        self._run(self._comm.allReduce, send.data.ptr, recv.data.ptr, recv.size, kind, self._op(op))
+        return recv
+
+    def allgather(self, send, recv):
+        """``recv`` (n,) = every rank's block ``send`` (n / p,)."""
+        kind, block = self._type(recv), self._blocks(recv.size)
+        pointer = recv.data.ptr + self.rank * block * recv.itemsize if send is MPI.IN_PLACE else send.data.ptr
+        if send is not MPI.IN_PLACE:
+            self._check(send, recv, block)
+        self._run(self._comm.allGather, pointer, recv.data.ptr, block, kind)
+        return recv
+
+    def reduce_scatter(self, send, recv, op="sum"):
+        """This rank's block of the reduction of every ``send`` (n,) into ``recv`` (n / p,); in place
+        ``recv`` (n,) holds the input and gets the block at its offset."""
+        whole = recv if send is MPI.IN_PLACE else send
+        kind, block = self._type(whole), self._blocks(whole.size)
+        target = recv.data.ptr + self.rank * block * recv.itemsize if send is MPI.IN_PLACE else recv.data.ptr
+        if send is not MPI.IN_PLACE:
+            self._check(recv, send, block)
+        self._run(self._comm.reduceScatter, whole.data.ptr, target, block, kind, self._op(op))
+        return recv
+
+    def broadcast(self, send, recv, root=0):
+        """``recv`` (n,) = the root's ``send`` (its ``recv`` when in place)."""
+        source = recv if send is MPI.IN_PLACE or self.rank != root else send
+        kind = self._type(recv)
+        self._check(source, recv, recv.size)
+        self._run(self._comm.broadcast, source.data.ptr, recv.data.ptr, recv.size, kind, root)
+        return recv
+
+    def reduce(self, send, recv, op="sum", root=0):
+        """The root's ``recv`` (n,) = the reduction of every rank's ``send`` (n,)."""
+        send = recv if send is MPI.IN_PLACE else send
+        kind = self._type(recv)
+        self._check(send, recv, recv.size)
+        self._run(self._comm.reduce, send.data.ptr, recv.data.ptr, recv.size, kind, self._op(op), root)
+        return recv
+
+    def alltoall(self, send, recv):
+        """Block ``j`` of ``send`` (n,) to rank ``j``; ``recv`` (n,) gets block ``rank`` of every rank in rank
+        order. Not in place (NCCL has no in-place all-to-all)."""
+        if send is MPI.IN_PLACE:
+            raise ValueError("NCCL's all-to-all is out of place only")
+        block = self._blocks(send.size)
+        self._check(send, recv, recv.size)
+        kind, stream, step = self._type(send), self._xp.cuda.get_current_stream(), block * send.itemsize
+        self._nccl.groupStart()
+        for peer in range(self.size):
+            self._comm.send(send.data.ptr + peer * step, block, kind, peer, stream.ptr)
+            self._comm.recv(recv.data.ptr + peer * step, block, kind, peer, stream.ptr)
+        self._nccl.groupEnd()
         stream.synchronize()
         return recv
 

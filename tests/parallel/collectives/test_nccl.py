@@ -12,7 +12,7 @@ import pytest
 
 from bench.cases.allreduce import Allreduce
 from kernels.backend import get_backend
-from parallel.collectives.nccl import NcclAllreduce, nccl_of, unavailable_reason
+from parallel.collectives.nccl import NcclCollective, nccl_of, unavailable_reason
 
 
 class FakeCommunicator:
@@ -73,7 +73,7 @@ def test_one_gpu_per_rank_is_accepted(comm, with_nccl, monkeypatch):
 
 @pytest.mark.mpi(min_size=1)
 def test_the_communicator_is_made_from_rank_0s_unique_id(comm, with_nccl):
-    reduce = NcclAllreduce(comm, with_nccl.xp)
+    reduce = NcclCollective(comm, with_nccl.xp)
     assert reduce._comm.made == (comm.size, (b"id of rank", 0), comm.rank)
     made = reduce._comm
     reduce.close()
@@ -84,19 +84,19 @@ def test_the_communicator_is_made_from_rank_0s_unique_id(comm, with_nccl):
 def test_types_nccl_cannot_sum_are_refused(with_nccl):
     from mpi4py import MPI
 
-    reduce = NcclAllreduce(MPI.COMM_SELF, with_nccl.xp)
+    reduce = NcclCollective(MPI.COMM_SELF, with_nccl.xp)
     send = with_nccl.from_host(np.zeros(4, np.complex128))
     with pytest.raises(TypeError, match="not complex128"):
-        reduce(send, with_nccl.xp.zeros(4, np.complex128))
+        reduce.allreduce(send, with_nccl.xp.zeros(4, np.complex128))
     with pytest.raises(ValueError, match="differ"):
-        reduce(send, with_nccl.xp.zeros(3, np.complex128))
+        reduce.allreduce(with_nccl.from_host(np.zeros(4)), with_nccl.xp.zeros(3))
 
 
 def test_without_nccl_the_allreduce_cannot_be_made(simulated):
     from mpi4py import MPI
 
     with pytest.raises(ValueError, match="NCCL is not available"):
-        NcclAllreduce(MPI.COMM_SELF, simulated.xp)
+        NcclCollective(MPI.COMM_SELF, simulated.xp)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -125,3 +125,61 @@ def test_the_nccl_variant_sums_on_one_gpu(device_backend):
         assert suite.check(state) == 0 and device_backend.is_device_array(state.recv)
     finally:
         suite.teardown(state)
+
+
+class RecordingCommunicator(FakeCommunicator):
+    """Records every NCCL call as ``(name, arguments)``, the stream pointer last."""
+
+    calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, args))
+
+
+def _device_array(pointer, size, dtype="float64"):
+    """What NcclCollective reads of a device array: its type, size and pointer."""
+    dtype = np.dtype(dtype)
+    return types.SimpleNamespace(dtype=dtype, size=size, itemsize=dtype.itemsize,
+                                 data=types.SimpleNamespace(ptr=pointer))
+
+
+def test_each_collective_passes_nccl_the_pointers_counts_and_root_nccl_tests_would(monkeypatch):
+    """Rank 1 of 4 (no GPU: the calls are recorded): out of place, in place (a block at its offset), alltoall by
+    grouped sends and receives at each peer's block."""
+    from mpi4py import MPI
+
+    stream = types.SimpleNamespace(ptr=99, synchronize=lambda: None)
+    nccl = types.SimpleNamespace(available=True, NcclCommunicator=RecordingCommunicator, NCCL_FLOAT64=7,
+                                 NCCL_SUM=0, NCCL_MAX=3, get_unique_id=lambda: b"id",
+                                 groupStart=lambda: RecordingCommunicator.calls.append(("groupStart", ())),
+                                 groupEnd=lambda: RecordingCommunicator.calls.append(("groupEnd", ())))
+    xp = types.SimpleNamespace(__name__="recording_cupy",
+                               cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "recording_cupy.cuda.nccl", nccl)
+    comm = types.SimpleNamespace(rank=1, size=4, bcast=lambda value, root: b"id")
+    RecordingCommunicator.calls = []
+    collective = NcclCollective(comm, xp)
+    whole, block = _device_array(1000, 8), _device_array(5000, 2)
+    collective.allreduce(whole, _device_array(2000, 8), "max")
+    collective.allgather(block, whole)
+    collective.allgather(MPI.IN_PLACE, whole)
+    collective.reduce_scatter(whole, block)
+    collective.reduce_scatter(MPI.IN_PLACE, whole)
+    collective.broadcast(MPI.IN_PLACE, whole, root=2)
+    collective.reduce(whole, _device_array(2000, 8), "sum", root=3)
+    collective.alltoall(whole, _device_array(2000, 8))
+    assert RecordingCommunicator.calls[:7] == [
+        ("allReduce", (1000, 2000, 8, 7, 3, 99)),
+        ("allGather", (5000, 1000, 2, 7, 99)),
+        ("allGather", (1000 + 2 * 8, 1000, 2, 7, 99)),
+        ("reduceScatter", (1000, 5000, 2, 7, 0, 99)),
+        ("reduceScatter", (1000, 1000 + 2 * 8, 2, 7, 0, 99)),
+        ("broadcast", (1000, 1000, 8, 7, 2, 99)),
+        ("reduce", (1000, 2000, 8, 7, 0, 3, 99))]
+    assert RecordingCommunicator.calls[7:] == [("groupStart", ())] + [
+        call for peer in range(4) for call in (("send", (1000 + 16 * peer, 2, 7, peer, 99)),
+                                               ("recv", (2000 + 16 * peer, 2, 7, peer, 99)))] + [("groupEnd", ())]
+    with pytest.raises(ValueError, match="do not divide over 4 ranks"):
+        collective.allgather(block, _device_array(1000, 7))
+    with pytest.raises(ValueError, match="out of place only"):
+        collective.alltoall(MPI.IN_PLACE, whole)
