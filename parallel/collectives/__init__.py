@@ -10,13 +10,21 @@ and works on point-to-point messages for any rank count and length (conventions 
   in ``2 log2 p'`` messages): `parallel.collectives.power_of_two` (both fold
   non-powers of two),
 - ``tree``: `parallel.collectives.tree` (binomial reduce and broadcast),
+- ``hierarchical``: `parallel.collectives.hierarchical` (two levels: inside each node,
+  then between the nodes),
 - ``auto``: `parallel.collectives.auto` (one of the above by size and rank count).
+
+The other collectives' hand-written algorithms are in their own packages, each with its
+``*_ALGORITHMS`` (and ``*_SCHEDULES`` for the cost models): `parallel.collectives.allgather`,
+`parallel.collectives.reduce_scatter`, `parallel.collectives.alltoall`,
+`parallel.collectives.bcast`, `parallel.collectives.reduce`.
 
 Each algorithm lays out its steps once per shape and reuses them
 (`parallel.collectives.plans`: persistent requests when the same buffers come back;
 `release_plans` frees them).
 """
 from parallel.collectives.auto import allreduce_auto
+from parallel.collectives.hierarchical import allreduce_hierarchical
 from parallel.collectives.plans import release_plans
 from parallel.collectives.power_of_two import allreduce_rabenseifner, allreduce_recursive_doubling
 from parallel.collectives.ring import allreduce_ring
@@ -27,6 +35,7 @@ ALLREDUCE_ALGORITHMS = {
     "recursive_doubling": allreduce_recursive_doubling,
     "rabenseifner": allreduce_rabenseifner,
     "tree": allreduce_tree,
+    "hierarchical": allreduce_hierarchical,
     "auto": allreduce_auto,
 }
 

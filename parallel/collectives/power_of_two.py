@@ -1,8 +1,10 @@
 """Allreduce on ``p' = 2**floor(log2 p)`` virtual ranks: recursive doubling and Rabenseifner.
 
 Both pair ranks whose virtual ranks differ in one bit, so they need a power-of-two
-rank count; other counts fold the surplus ranks in first (`_Fold`, MPICH's scheme)
-and hand them the result at the end. The steps are laid out once per shape
+rank count; other counts fold the surplus ranks in first (`Fold`, MPICH's scheme)
+and hand them the result at the end. `Fold` and the recursive halving (`halving_groups`,
+`halving_steps`) also serve `parallel.collectives.reduce_scatter.recursive_halving` and
+`parallel.collectives.reduce.rabenseifner`. The steps are laid out once per shape
 (`parallel.collectives.schedule`) and run from cached plans
 (`parallel.collectives.plans`). Conventions and cost notation as in
 `parallel.collectives.base`.
@@ -13,30 +15,33 @@ from parallel.collectives.plans import Collective
 from parallel.collectives.schedule import Schedule
 
 
-class _Fold:
+class Fold:
     """Fold ``p`` ranks onto ``p' = 2**floor(log2 p)`` virtual ranks (MPICH's scheme).
 
-    Of the first ``2 (p - p')`` ranks, each even one sends its whole input to the
-    odd one above it, which reduces both into "out" and stands for both; the even
-    ones wait in `unfold` for the result. Other ranks keep going as virtual rank
-    ``rank - (p - p')``. ``data`` is the buffer holding this rank's contribution
+    Of the first ``2 (p - p')`` ranks, pairs ``(2i, 2i + 1)`` become one virtual rank
+    ``i``: the rank of parity ``keeps`` receives its partner's whole input, reduces
+    both into "out" and stands for both (``keeps=1``, MPICH's allreduce: the odd one;
+    ``keeps=0``, MPICH's reduce: the even one, so rank 0 is virtual rank 0); the other
+    waits in `unfold` for the result. Other ranks keep going as virtual rank
+    ``rank - (p - p')``. ``rank`` is this rank's virtual rank (None when folded away),
+    ``size`` is ``p'``. ``data`` is the buffer holding this rank's contribution
     now: "out" after a fold, else "in" (out of place the input is not copied: the
     algorithms' first step reads ``data`` and writes "out"). The partner's data
     lands in "out" while that is still free (`landing`), else in "tmp".
     """
 
-    def __init__(self, schedule, rank, p, n, in_place):
-        self.schedule, self.rank_in_comm, self.n, self.in_place = schedule, rank, n, in_place
+    def __init__(self, schedule, rank, p, n, in_place, keeps=1):
+        self.schedule, self.rank_in_comm, self.n, self.in_place, self.keeps = schedule, rank, n, in_place, keeps
         self.size = 1 << (p.bit_length() - 1)
         self.extra = p - self.size
         whole = slice(0, n)
         self.rank, self.data = rank - self.extra, "in"
-        if rank < 2 * self.extra and rank % 2 == 0:
-            schedule.step(sends=[(("in", whole), rank + 1)])
+        if rank < 2 * self.extra and rank % 2 != keeps:
+            schedule.step(sends=[(("in", whole), rank ^ 1)])
             self.rank = None
         elif rank < 2 * self.extra:
             incoming = (self.landing(), whole)
-            schedule.step(recvs=[(incoming, rank - 1)], ops=[("reduce", ("in", whole), incoming, ("out", whole))])
+            schedule.step(recvs=[(incoming, rank ^ 1)], ops=[("reduce", ("in", whole), incoming, ("out", whole))])
             self.rank, self.data = rank // 2, "out"
 
     def landing(self):
@@ -46,19 +51,53 @@ class _Fold:
 
     def real_rank(self, virtual_rank):
         """Rank in ``comm`` of a virtual rank."""
-        return 2 * virtual_rank + 1 if virtual_rank < self.extra else virtual_rank + self.extra
+        return 2 * virtual_rank + self.keeps if virtual_rank < self.extra else virtual_rank + self.extra
 
     def unfold(self):
         """Hand the finished "out" back to the ranks folded away."""
         rank, whole = self.rank_in_comm, ("out", slice(0, self.n))
         if rank < 2 * self.extra:
-            if rank % 2:
-                self.schedule.step(sends=[(whole, rank - 1)])
+            if self.rank is not None:
+                self.schedule.step(sends=[(whole, rank ^ 1)])
             else:
-                self.schedule.step(recvs=[(whole, rank + 1)])
+                self.schedule.step(recvs=[(whole, rank ^ 1)])
 
 
-def _trivial(p, n, in_place):
+def block_group(bounds, virtual_rank, distance):
+    """The slice of the ``distance`` consecutive blocks (``bounds``: their offsets and the length) whose
+    aligned group holds block ``virtual_rank``."""
+    first = virtual_rank // distance * distance
+    return slice(bounds[first], bounds[first + distance])
+
+
+def halving_groups(virtual_rank, size, bounds):
+    """The recursive-halving steps of ``virtual_rank`` among ``size`` (a power of two) virtual ranks.
+
+    Yields ``(partner, mine, theirs)`` for ``distance = size/2, ..., 1``: the partner's virtual rank
+    ``virtual_rank ^ distance``, the group of ``distance`` blocks this rank keeps reducing and the
+    partner's group, which it sends; after the last step ``mine`` is block ``virtual_rank`` alone.
+    """
+    for exponent in reversed(range(size.bit_length() - 1)):
+        distance = 1 << exponent
+        partner = virtual_rank ^ distance
+        yield partner, block_group(bounds, virtual_rank, distance), block_group(bounds, partner, distance)
+
+
+def halving_steps(schedule, fold, bounds):
+    """Reduce-scatter by recursive halving on ``fold``'s virtual ranks, partials in "out" (full length).
+
+    At the end "out" holds block ``fold.rank`` (of ``bounds``) reduced over all ranks; its other
+    blocks hold partial results. The first step reads ``fold.data``; afterwards it is "out".
+    """
+    for partner, mine, theirs in halving_groups(fold.rank, fold.size, bounds):
+        real = fold.real_rank(partner)
+        incoming = ("out", mine) if fold.landing() == "out" else ("tmp", slice(0, mine.stop - mine.start))
+        schedule.exchange((fold.data, theirs), real, incoming, real,
+                          reduce=((fold.data, mine), incoming, ("out", mine)))
+        fold.data = "out"
+
+
+def trivial_schedule(p, n, in_place):
     """The schedule of one rank or an empty vector (a copy out of place), else None."""
     if n == 0 or p == 1:
         schedule = Schedule()
@@ -70,11 +109,11 @@ def _trivial(p, n, in_place):
 
 def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False):
     """Steps of `allreduce_recursive_doubling` on ``rank`` for ``n`` items (a `Schedule`)."""
-    schedule = _trivial(p, n, in_place)
+    schedule = trivial_schedule(p, n, in_place)
     if schedule is not None:
         return schedule
     schedule, whole = Schedule(), slice(0, n)
-    fold = _Fold(schedule, rank, p, n, in_place)
+    fold = Fold(schedule, rank, p, n, in_place)
     if fold.rank is not None:
         distance = 1
         while distance < fold.size:
@@ -88,31 +127,21 @@ def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False):
 
 def rabenseifner_schedule(rank, p, n, itemsize=None, in_place=False):
     """Steps of `allreduce_rabenseifner` on ``rank`` for ``n`` items (a `Schedule`)."""
-    schedule = _trivial(p, n, in_place)
+    schedule = trivial_schedule(p, n, in_place)
     if schedule is not None:
         return schedule
     schedule = Schedule()
-    fold = _Fold(schedule, rank, p, n, in_place)
+    fold = Fold(schedule, rank, p, n, in_place)
     if fold.rank is not None:
         bounds = block_offsets(n, fold.size) + [n]
-
-        def group(virtual_rank, distance):
-            first = virtual_rank // distance * distance
-            return slice(bounds[first], bounds[first + distance])
-
-        distances = [1 << k for k in range(fold.size.bit_length() - 1)]
-        for distance in reversed(distances):
-            partner = fold.rank ^ distance
-            mine, theirs = group(fold.rank, distance), group(partner, distance)
-            real = fold.real_rank(partner)
-            incoming = ("out", mine) if fold.landing() == "out" else ("tmp", slice(0, mine.stop - mine.start))
-            schedule.exchange((fold.data, theirs), real, incoming, real,
-                              reduce=((fold.data, mine), incoming, ("out", mine)))
-            fold.data = "out"
-        for distance in distances:
+        halving_steps(schedule, fold, bounds)
+        distance = 1
+        while distance < fold.size:
             partner = fold.rank ^ distance
             real = fold.real_rank(partner)
-            schedule.exchange(("out", group(fold.rank, distance)), real, ("out", group(partner, distance)), real)
+            schedule.exchange(("out", block_group(bounds, fold.rank, distance)), real,
+                              ("out", block_group(bounds, partner, distance)), real)
+            distance <<= 1
     fold.unfold()
     return schedule
 
@@ -129,7 +158,7 @@ def allreduce_recursive_doubling(comm, sendbuf, recvbuf, op="sum"):
     Notes
     -----
     For ``p`` not a power of two the first ``2 (p - p')`` ranks fold pairwise first
-    and get the result back at the end (`_Fold`). Cost per rank:
+    and get the result back at the end (`Fold`). Cost per rank:
     ``log2 p' (alpha + n beta + n gamma)``; folding adds ``2 (alpha + n beta) + n gamma``
     to the critical path. Latency-optimal; best for small vectors. Scratch: ``n`` bytes (none
     out of place on two ranks: the partner's vector lands in ``recvbuf``).

@@ -32,8 +32,13 @@ def _reduce_scatter_steps(schedule, rank, p, slices, out, landing):
         outgoing = target
 
 
-def _allgather_steps(schedule, rank, p, slices):
-    """Fill every block of "out" from block ``rank``, passing blocks to the right."""
+def allgather_steps(schedule, rank, p, slices):
+    """Append the ring allgather's ``p - 1`` steps: fill every block ``slices[r]`` of "out" from block
+    ``rank``, passing one block to the right neighbour while receiving one from the left.
+
+    Also the second half of the ring allreduce and of the scatter-allgather broadcast
+    (`parallel.collectives.bcast.scatter_allgather`), which run it on virtual ranks.
+    """
     left, right = (rank - 1) % p, (rank + 1) % p
     for step in range(p - 1):
         schedule.exchange(("out", slices[(rank - step) % p]), right, ("out", slices[(rank - step - 1) % p]), left)
@@ -47,7 +52,7 @@ def ring_schedule(rank, p, n, itemsize=None, in_place=False):
     elif n and p > 1:
         slices = block_slices(n, p)
         _reduce_scatter_steps(schedule, rank, p, slices, ("out", slices[rank]), landing=not in_place)
-        _allgather_steps(schedule, rank, p, slices)
+        allgather_steps(schedule, rank, p, slices)
     return schedule
 
 
@@ -68,17 +73,26 @@ def _reduce_scatter_length(comm, source, recvbuf):
     return source.size
 
 
-def _allgather_schedule(rank, p, n, itemsize, in_place):
+def own_block(slices, rank, in_place):
+    """The view holding this rank's block at the start of an allgather: "out" at ``slices[rank]`` in
+    place, else all of "in" (which holds just that block)."""
+    part = slices[rank]
+    return ("out", part) if in_place else ("in", slice(0, part.stop - part.start))
+
+
+def allgather_schedule(rank, p, n, itemsize=None, in_place=False):
+    """Steps of `allgather_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
     slices = block_slices(n, p)
     schedule = Schedule()
     if n and not in_place:
-        schedule.copy(("in", slice(0, slices[rank].stop - slices[rank].start)), ("out", slices[rank]))
+        schedule.copy(own_block(slices, rank, in_place), ("out", slices[rank]))
     if n and p > 1:
-        _allgather_steps(schedule, rank, p, slices)
+        allgather_steps(schedule, rank, p, slices)
     return schedule
 
 
-def _allgather_length(comm, source, recvbuf):
+def allgather_length(comm, source, recvbuf):
+    """The allgather's ``n`` (``recvbuf``'s length), after checking that ``source`` is this rank's block."""
     if source is not recvbuf:
         check_block(comm, "sendbuf", source, recvbuf.size)
     return recvbuf.size
@@ -86,7 +100,7 @@ def _allgather_length(comm, source, recvbuf):
 
 _ALLREDUCE = Collective("allreduce_ring", ring_schedule, allreduce_length)
 _REDUCE_SCATTER = Collective("reduce_scatter_ring", _reduce_scatter_schedule, _reduce_scatter_length)
-_ALLGATHER = Collective("allgather_ring", _allgather_schedule, _allgather_length, reduces=False)
+_ALLGATHER = Collective("allgather_ring", allgather_schedule, allgather_length, reduces=False)
 
 
 def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
@@ -159,6 +173,8 @@ def allgather_ring(comm, sendbuf, recvbuf):
 
     Notes
     -----
-    Cost per rank: ``(p-1) alpha + (p-1)/p n beta``.
+    Cost per rank: ``(p-1) alpha + (p-1)/p n beta``; out of place one local copy of the
+    own block (``n/p`` bytes). No scratch. Bandwidth-optimal: best for long vectors
+    (`parallel.collectives.allgather` has the latency-optimal ones).
     """
     return _ALLGATHER(comm, sendbuf, recvbuf, None)
