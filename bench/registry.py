@@ -7,6 +7,11 @@ from kernels.errors import InputError
 SUITES = {
     "p2p": "bench.cases.p2p:PointToPoint",
     "allreduce": "bench.cases.allreduce:Allreduce",
+    "allgather": "bench.cases.allgather:Allgather",
+    "reduce_scatter": "bench.cases.reduce_scatter:ReduceScatter",
+    "alltoall": "bench.cases.alltoall:Alltoall",
+    "bcast": "bench.cases.bcast:Bcast",
+    "reduce": "bench.cases.reduce:Reduce",
     "blas1": "bench.cases.blas1:Blas1",
     "gemv": "bench.cases.gemv:Gemv",
     "gemm": "bench.cases.gemm:Gemm",

@@ -67,7 +67,8 @@ wait
 
 echo "== 3. every suite, small sizes, checks on (1 rank and 2 ranks on one GPU, side by side)"
 SMALL=(  # p2p and ps need 2 ranks
-  "allreduce 8,64K" "blas1 64K" "gemv 1K" "gemm 256" "dp 64" "svm 500" "tp 256" "moe 512" "pp 64"
+  "allreduce 8,64K" "allgather 8,64K" "reduce_scatter 8,64K" "alltoall 8,64K" "bcast 8,64K" "reduce 8,64K"
+  "blas1 64K" "gemv 1K" "gemm 256" "dp 64" "svm 500" "tp 256" "moe 512" "pp 64"
   "hybrid 64" "conv 128" "attention 1K" "p2p 8,64K" "ps 64"
 )
 small_runs() {  # small_runs RANKS: every suite of SMALL on RANKS ranks, one after the other

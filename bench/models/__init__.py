@@ -1,7 +1,8 @@
 """The suites' models by name (`bench.models.base.Model`), imported only when used.
 
 One module per suite, ``bench/models/<suite>.py``; `terms` holds the cost-model
-terms they share, `blas` what the BLAS suites' models share. Models never import
+terms they share, `blas` what the BLAS suites' models share, `collective` what the models of
+the collective suites (allgather, reduce_scatter, alltoall, bcast, reduce) share. Models never import
 cases (`bench.cases`) or the case registry; the report reads models only.
 """
 import importlib
@@ -10,6 +11,11 @@ import importlib
 MODELS = {
     "p2p": "PointToPointModel",
     "allreduce": "AllreduceModel",
+    "allgather": "AllgatherModel",
+    "reduce_scatter": "ReduceScatterModel",
+    "alltoall": "AlltoallModel",
+    "bcast": "BcastModel",
+    "reduce": "ReduceModel",
     "blas1": "Blas1Model",
     "gemv": "GemvModel",
     "gemm": "GemmModel",

@@ -154,7 +154,8 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     reductions of n, Rabenseifner 2 log2 p' exchanges of halving sizes (reduce-scatter,
     then allgather) and log2 p' reductions, tree ceil(log2 p) one-way messages of n up
     (each reduced) and as many down. Non-powers of two add a fold (two one-way messages
-    of n and a reduction). One rank: the call and a copy.
+    of n and a reduction). ``hierarchical`` is priced as its part inside one node, the ring (a
+    calibration measures one node, or one pair across two). One rank: the call and a copy.
     """
     p, n = ranks, nbytes
     python = algorithm != "mpi"
@@ -174,6 +175,7 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
         rabenseifner=fold + halves,
         tree=math.ceil(math.log2(p)) * (2 * message(calib, n) + reduction(calib, n)),
     )
+    costs["hierarchical"] = costs["ring"]  # on the calibration's one node: its intra-node ring
     return calib["call_s"] + costs[choose(p, n) if algorithm == "auto" else algorithm]
 
 
@@ -201,6 +203,51 @@ def reduce_scatter(calib, nbytes, ranks):
 def alltoall(calib, nbytes, ranks):
     """MPI_Alltoall(v) of ``nbytes`` per rank in all: p - 1 pairwise exchanges of n / p."""
     return calib["overhead_s"] + (ranks - 1) * exchange_wire(calib, nbytes / ranks)
+
+
+def schedule(calib, steps, itemsize):
+    """One rank's steps of a hand-written collective (a `parallel.collectives.schedule.Schedule`) on
+    items of ``itemsize`` bytes: a step sending and receiving pays an `exchange` per pair of its
+    messages (the larger of the two), a step one way a `message` each; its reductions and copies a
+    `reduction` or a `copy` of their bytes. The Python path of the call is the caller's (``call_s``)."""
+    total = 0.0
+    for sends, recvs, ops in steps.steps:
+        sent, received = ([(part.stop - part.start) * itemsize for (_, part), _ in side] for side in (sends, recvs))
+        if sent and received:
+            pairs = max(len(sent), len(received))
+            sent, received = sent + [0] * (pairs - len(sent)), received + [0] * (pairs - len(received))
+            total += sum(exchange(calib, max(a, b)) for a, b in zip(sent, received))
+        else:
+            total += sum(message(calib, nbytes) for nbytes in sent + received)
+        for kind, *views in ops:
+            part = views[-1][1]
+            total += (reduction if kind == "reduce" else copy)(calib, (part.stop - part.start) * itemsize)
+    return total
+
+
+def bcast(calib, nbytes, ranks):
+    """MPI_Bcast of ``nbytes``: the cheaper of a binomial tree (``ceil(log2 p)`` messages of n on the
+    critical path) and a scatter then ring allgather (``ceil(log2 p)`` messages and ``p - 1`` exchanges of
+    n / p), as MPICH chooses by size."""
+    if ranks == 1:
+        return calib["overhead_s"]
+    tree = log2_ceil(ranks) * wire(calib, nbytes)
+    block = nbytes / ranks
+    return calib["overhead_s"] + min(tree, log2_ceil(ranks) * wire(calib, block)
+                                     + (ranks - 1) * exchange_wire(calib, block))
+
+
+def reduce(calib, nbytes, ranks):
+    """MPI_Reduce of ``nbytes``: the cheaper of a binomial tree (``ceil(log2 p)`` messages and reductions
+    of n) and a reduce-scatter then gather (``p - 1`` exchanges and reductions of n / p, then
+    ``ceil(log2 p)`` messages of n / p), as MPICH chooses by size."""
+    if ranks == 1:
+        return calib["overhead_s"] + copy(calib, nbytes)
+    tree = log2_ceil(ranks) * (wire(calib, nbytes) + reduction(calib, nbytes))
+    block = nbytes / ranks
+    scatter_gather = (ranks - 1) * (exchange_wire(calib, block) + reduction(calib, block)) + log2_ceil(ranks) * wire(
+        calib, block)
+    return calib["overhead_s"] + min(tree, scatter_gather)
 
 
 def calls(calib, count):

@@ -26,6 +26,7 @@ BUS_FACTORS = {
     "reduce_scatter": lambda p: (p - 1) / p,
     "alltoall": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
     "sendrecv": lambda p: 1.0,
     "send": lambda p: 1.0,
 }

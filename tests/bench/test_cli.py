@@ -18,11 +18,11 @@ def mlscale_under_mpi(ranks, *args, **environment):
 def test_list_names_every_suite_and_variant():
     status, out, err = mlscale("list", file_size_limit=1 << 17)  # no MPI started: see the report test
     assert (status, err) == (0, "")
-    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, auto, nccl; "
+    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, hierarchical, auto, nccl; "
             "backends numpy, cupy") in out
     assert "p2p: variants latency, bandwidth; backends numpy, cupy" in out
     first_lines = [line for line in out.splitlines() if not line.startswith(" ")]
-    assert len(first_lines) == 14 and all(line.endswith("; backends numpy, cupy") for line in first_lines)
+    assert len(first_lines) == 19 and all(line.endswith("; backends numpy, cupy") for line in first_lines)
 
 
 def test_sweep_measures_every_point_then_resumes(tmp_path):
@@ -32,7 +32,7 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     status, out, err = mlscale(*args)
     assert status == 0, err
     rows = rows_of(path)
-    assert len(rows) == 3 * 6 * 2   # ranks x variants (mpi and five hand-written) x sizes
+    assert len(rows) == 3 * 7 * 2   # ranks x variants (mpi and six hand-written) x sizes
     assert {row["wrong"] for row in rows} == {"0"}
     assert {row["ranks"] for row in rows} == {"1", "2", "3"}
     assert all(float(row["t_min_s"]) <= float(row["t_med_s"]) <= float(row["t_max_s"]) for row in rows)
@@ -41,7 +41,7 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     status, out, err = mlscale(*args)
     assert status == 0, err
     assert "nothing measured" in out
-    assert len(rows_of(path)) == 36
+    assert len(rows_of(path)) == 42
 
 
 def test_weak_scaling_and_p2p_rows(tmp_path):

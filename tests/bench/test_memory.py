@@ -13,7 +13,8 @@ from kernels.errors import InputError
 from tests.clitools import mlscale
 
 GIB = 1 << 30
-SMALL = {"allreduce": 1 << 20, "p2p": 1 << 20, "blas1": 1 << 20, "gemv": 1024, "gemm": 512, "attention": 1024,
+SMALL = {"allreduce": 1 << 20, "allgather": 1 << 20, "reduce_scatter": 1 << 20, "alltoall": 1 << 20, "bcast": 1 << 20,
+         "reduce": 1 << 20, "p2p": 1 << 20, "blas1": 1 << 20, "gemv": 1024, "gemm": 512, "attention": 1024,
          "conv": 256, "svm": 500, "dp": 64, "tp": 256, "moe": 512, "pp": 64, "hybrid": 64, "ps": 64}
 RANKS = {"p2p": 2, "ps": 2}
 

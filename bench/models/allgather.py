@@ -1,0 +1,14 @@
+"""Model of suite ``allgather`` (`bench.cases.allgather`): MPI_Allgather(v) and the hand-written
+algorithms, priced from their own steps (`bench.models.collective`)."""
+from bench.models import terms
+from bench.models.collective import CollectiveModel
+from parallel.collectives.allgather import ALLGATHER_SCHEDULES
+
+
+class AllgatherModel(CollectiveModel):
+    name = "allgather"
+    algorithms = ALLGATHER_SCHEDULES
+
+    def library(self, calib, nbytes, ranks):
+        """MPI_Allgather(v) by `bench.models.terms`."""
+        return terms.allgather(calib, nbytes, ranks)

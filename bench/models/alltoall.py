@@ -1,0 +1,14 @@
+"""Model of suite ``alltoall`` (`bench.cases.alltoall`): MPI_Alltoall(v) and the hand-written
+algorithms, priced from their own steps (`bench.models.collective`)."""
+from bench.models import terms
+from bench.models.collective import CollectiveModel
+from parallel.collectives.alltoall import ALLTOALL_SCHEDULES
+
+
+class AlltoallModel(CollectiveModel):
+    name = "alltoall"
+    algorithms = ALLTOALL_SCHEDULES
+
+    def library(self, calib, nbytes, ranks):
+        """MPI_Alltoall(v) by `bench.models.terms`."""
+        return terms.alltoall(calib, nbytes, ranks)

@@ -1,0 +1,15 @@
+"""Model of suite ``bcast`` (`bench.cases.bcast`): MPI_Bcast and the hand-written
+algorithms, priced from their own steps (`bench.models.collective`)."""
+from bench.models import terms
+from bench.models.collective import CollectiveModel
+from parallel.collectives.bcast import BCAST_SCHEDULES
+
+
+class BcastModel(CollectiveModel):
+    name = "bcast"
+    algorithms = BCAST_SCHEDULES
+    rooted = True
+
+    def library(self, calib, nbytes, ranks):
+        """MPI_Bcast by `bench.models.terms`."""
+        return terms.bcast(calib, nbytes, ranks)

@@ -1,0 +1,69 @@
+"""What the models of the collective suites share (`bench.families.collective`): settings, variants,
+rank rules, the cost model of every hand-written algorithm from its own steps, and the memory model.
+
+A hand-written algorithm is modelled from the `parallel.collectives.schedule.Schedule` it runs:
+`bench.models.terms.schedule` prices each step (exchanges, one-way messages, reductions, copies)
+from the calibration, on the busiest of a few sampled ranks (rank 0, 1, the middle and the last;
+the algorithms are symmetric or rooted at 0), plus the Python path of one call (``call_s``). MPI's
+variant is priced by the library terms of its suite (`bench.models.terms`); ``nccl`` is not modelled.
+"""
+import numpy as np
+
+from bench.models import terms
+from bench.models.base import Model
+from bench.settings import Setting, choice, flag, integer
+from kernels.errors import InputError
+
+IN_PLACE = Setting("COLL_IN_PLACE", flag, False, None, "1: in place (MPI_IN_PLACE), 0: out of place")
+OP = Setting("COLL_OP", choice, "sum", ("sum", "max"), "the reduction")
+ROOT = Setting("COLL_ROOT", integer, 0, 0, "the root rank (below the rank count)")
+
+
+def read_settings(settings):
+    """The settings as the case and model use them: ``in_place``, and ``op`` / ``root`` where declared."""
+    names = {"COLL_IN_PLACE": "in_place", "COLL_OP": "op", "COLL_ROOT": "root"}
+    return {names[name]: value for name, value in settings.items() if name in names}
+
+
+class CollectiveModel(Model):
+    """Base of the collectives' models. Subclasses set ``name``, ``algorithms`` (the hand-written
+    variants by name: schedule builders ``(rank, p, n, itemsize, in_place) -> Schedule``), ``reduces``,
+    ``rooted`` and `library` (MPI's cost)."""
+
+    algorithms = {}
+    reduces = False
+    rooted = False
+    size_unit = "bytes"
+    device_only_variants = {"nccl": "NCCL runs on device buffers only (--backend cupy)"}
+    settings_reader = staticmethod(read_settings)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.variants = ("mpi",) + tuple(cls.algorithms) + ("nccl",)
+        cls.declared_settings = (IN_PLACE,) + ((OP,) if cls.reduces else ()) + ((ROOT,) if cls.rooted else ())
+
+    def check_ranks(self, ranks, variant):
+        root = self.config.get("root", 0)
+        if root >= ranks:
+            raise InputError(f"MLSCALE_COLL_ROOT={root} is not a rank of {ranks} ranks")
+
+    def library(self, calib, nbytes, ranks):
+        """Modelled seconds of MPI's call on ``ranks`` ranks (``nbytes``: the suite's size)."""
+        raise NotImplementedError
+
+    def predict(self, variant, size, ranks, calib):
+        if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
+            return None
+        if variant == "mpi":
+            return self.library(calib, size, ranks)
+        item = terms.itemsize(calib)
+        build, count = self.algorithms[variant], size // item
+        sampled = sorted({0, 1, ranks // 2, ranks - 1} & set(range(ranks)))
+        return calib["call_s"] + max(terms.schedule(calib, build(rank, ranks, count, item, self.config["in_place"]),
+                                                    item) for rank in sampled)
+
+    def memory_bytes(self, problem, ranks, variant, dtype, check=True):
+        """Send and receive buffers and the algorithm's scratch, about ``problem`` bytes each; the check
+        draws one rank's input at a time (as int64, then cast) beside the result it builds."""
+        reference = 8 * (problem // np.dtype(dtype).itemsize) + 2 * problem
+        return 3 * problem + (reference if check else 0)
