@@ -21,10 +21,13 @@ How the thresholds were chosen
     (``2 (p-1)`` against ``2 log2 p' + 2``; equal on 3 ranks) matter little at that
     size.
 """
+from functools import partial
+
 from parallel.collectives.base import allreduce_length
 from parallel.collectives.plans import Collective
 from parallel.collectives.power_of_two import rabenseifner_schedule, recursive_doubling_schedule
 from parallel.collectives.ring import ring_schedule
+from parallel.collectives.schedule import chosen_schedule
 
 #: Recursive doubling while it sends at most this many bytes per rank (``log2 p' n``).
 SMALL_BYTES = 1 << 19
@@ -41,10 +44,9 @@ def choose(p, nbytes):
     return "rabenseifner" if p == pow2 else "ring"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `allreduce_auto` on ``rank`` for ``n`` items of ``itemsize`` bytes (a `Schedule`)."""
-    return SCHEDULES[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
-
+#: Steps of `allreduce_auto` on ``rank`` (``(rank, p, n, itemsize, in_place) -> Schedule``):
+#: those of the algorithm `choose` picks for the vector's bytes and the rank count.
+auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 
 _AUTO = Collective("allreduce_auto", auto_schedule, allreduce_length)
 

@@ -14,9 +14,9 @@ On one node it is the intra-node part alone (`allreduce_ring`); with one rank pe
 node the allreduce between nodes alone.
 
 The node and cross-node communicators are made once per communicator (collective:
-the first call on a communicator splits it) and stored as an MPI attribute on it,
-so they are freed, with their cached plans, when the communicator is freed (the
-attribute's delete callback) or at exit. On one node, or with one rank per node, the
+the first call on a communicator splits it) and stored as an MPI attribute on it
+(`parallel.collectives.attributes`), so they are freed, with their cached plans, when
+the communicator is freed (the attribute's delete callback) or at exit. On one node, or with one rank per node, the
 one level runs on the communicator itself, so `release_plans` of it frees its plans;
 the two-level plans live on the sub-communicators (freed with the communicator, or by
 ``release_plans()`` of all). Conventions and cost notation as in
@@ -30,6 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from kernels.distribution import block_range
+from parallel.collectives.attributes import CommAttribute
 from parallel.collectives.auto import allreduce_auto
 from parallel.collectives.base import allreduce_length, buffer_array, operands, reduce_ufunc
 from parallel.collectives.bcast import bcast_auto
@@ -69,6 +70,7 @@ class _Nodes:
         return block
 
     def free(self):
+        """Release the sub-communicators' plans and free them."""
         for sub in (self.node, self.across):
             if sub != MPI.COMM_NULL:
                 release_plans(sub)
@@ -76,39 +78,8 @@ class _Nodes:
         self.blocks.clear()
 
 
-def _comm_freed(comm, keyval, nodes):
-    _CARRIERS.pop(id(nodes), None)
-    nodes.free()
-    return MPI.SUCCESS
-
-
-_KEYVALS = []    # the attribute's keyval, made at first use (importing must not need MPI running)
-_CARRIERS = {}   # id(_Nodes) -> the communicator carrying it
-
-
-def _keyval():
-    if not _KEYVALS:
-        _KEYVALS.append(MPI.Comm.Create_keyval(delete_fn=_comm_freed))
-    return _KEYVALS[0]
-
-
-def _nodes(comm):
-    nodes = comm.Get_attr(_keyval())
-    if nodes is None:
-        nodes = _Nodes(comm)
-        comm.Set_attr(_keyval(), nodes)
-        _CARRIERS[id(nodes)] = comm
-    return nodes
-
-
-@atexit.register
-def _free_before_finalize():
-    """Free the sub-communicators while Python and MPI are both still up."""
-    if not MPI.Is_finalized():
-        for comm in list(_CARRIERS.values()):
-            if comm != MPI.COMM_NULL:
-                comm.Delete_attr(_keyval())
-    _CARRIERS.clear()
+_NODES = CommAttribute(_Nodes, _Nodes.free)
+atexit.register(_NODES.delete_all)       # the sub-communicators freed while Python and MPI are both still up
 
 
 def allreduce_hierarchical(comm, sendbuf, recvbuf, op="sum"):
@@ -139,7 +110,7 @@ def allreduce_hierarchical(comm, sendbuf, recvbuf, op="sum"):
     source = operands(send, recv)
     reduce_ufunc(op, source.dtype)          # an unknown op is refused before any message
     n = allreduce_length(comm, source, recv)
-    nodes = _nodes(comm)
+    nodes = _NODES.get(comm)
     if nodes.aligned and nodes.across.size == 1:        # one node: its ranks are comm's, in order
         allreduce_ring(comm, sendbuf, recvbuf, op)
     elif nodes.aligned and nodes.node.size == 1:        # one rank per node

@@ -34,6 +34,7 @@ from collections import OrderedDict
 import numpy as np
 from mpi4py import MPI
 
+from parallel.collectives.attributes import CommAttribute
 from parallel.collectives.base import buffer_array, operands, reduce_ufunc
 from parallel.collectives.schedule import bind, free_requests, run_calls
 
@@ -49,35 +50,17 @@ class _CommEntries:
     def __init__(self, comm):
         self.comm, self.keys = comm, set()
 
-
-def _comm_freed(comm, keyval, entries):
-    for key in list(entries.keys):
-        _evict(key)
-    _COMMS.pop(id(entries), None)
-    return MPI.SUCCESS
+    def evict(self):
+        """Evict every entry of the communicator (its attribute is being deleted)."""
+        for key in list(self.keys):
+            _evict(key)
 
 
-_KEYVALS = []  # the attribute's keyval, made at first use (importing this module must not need MPI running)
-_COMMS = {}  # id(_CommEntries) -> _CommEntries: communicators carrying the attribute
-
-
-def _keyval():
-    if not _KEYVALS:
-        _KEYVALS.append(MPI.Comm.Create_keyval(delete_fn=_comm_freed))
-    return _KEYVALS[0]
-
-
-def _comm_entries(comm):
-    entries = comm.Get_attr(_keyval())
-    if entries is None:
-        entries = _CommEntries(comm)
-        comm.Set_attr(_keyval(), entries)
-        _COMMS[id(entries)] = entries
-    return entries
+_COMM_ENTRIES = CommAttribute(_CommEntries, _CommEntries.evict)
 
 
 def _store(key, entry, comm):
-    entries = _comm_entries(comm)
+    entries = _COMM_ENTRIES.get(comm)
     _evict(key)
     _CACHE[key] = entry
     entry.comm_entries = entries
@@ -109,11 +92,7 @@ def release_plans(comm=None):
 def _release_before_finalize():
     """Free every request and detach the attribute while Python and MPI are both still up."""
     release_plans()
-    if not MPI.Is_finalized():
-        for entries in list(_COMMS.values()):
-            if entries.comm != MPI.COMM_NULL:
-                entries.comm.Delete_attr(_keyval())
-    _COMMS.clear()
+    _COMM_ENTRIES.delete_all()
 
 
 class _Layout:

@@ -56,7 +56,8 @@ def ring_schedule(rank, p, n, itemsize=None, in_place=False):
     return schedule
 
 
-def _reduce_scatter_schedule(rank, p, n, itemsize, in_place):
+def reduce_scatter_schedule(rank, p, n, itemsize=None, in_place=False):
+    """Steps of `reduce_scatter_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
     slices = block_slices(n, p)
     out = ("out", slices[rank] if in_place else slice(0, slices[rank].stop - slices[rank].start))
     schedule = Schedule()
@@ -67,7 +68,9 @@ def _reduce_scatter_schedule(rank, p, n, itemsize, in_place):
     return schedule
 
 
-def _reduce_scatter_length(comm, source, recvbuf):
+def reduce_scatter_length(comm, source, recvbuf):
+    """The reduce-scatter's ``n`` (``source``'s length), after checking that an out-of-place ``recvbuf`` is
+    this rank's block."""
     if source is not recvbuf:
         check_block(comm, "recvbuf", recvbuf, source.size)
     return source.size
@@ -99,7 +102,7 @@ def allgather_length(comm, source, recvbuf):
 
 
 _ALLREDUCE = Collective("allreduce_ring", ring_schedule, allreduce_length)
-_REDUCE_SCATTER = Collective("reduce_scatter_ring", _reduce_scatter_schedule, _reduce_scatter_length)
+_REDUCE_SCATTER = Collective("reduce_scatter_ring", reduce_scatter_schedule, reduce_scatter_length)
 _ALLGATHER = Collective("allgather_ring", allgather_schedule, allgather_length, reduces=False)
 
 

@@ -52,6 +52,13 @@ class Schedule:
         """A local copy (no message)."""
         return self.step(ops=[("copy", source, target)])
 
+    def extend(self, other):
+        """Append the steps of ``other`` (a schedule on the same buffers, run after these); return the
+        schedule."""
+        self.steps += other.steps
+        self.scratch = max(self.scratch, other.scratch)
+        return self
+
     def relabelled(self, peer_of):
         """The same steps with every peer ``r`` replaced by ``peer_of(r)`` (a schedule written for
         virtual ranks, run on real ones: a collective rooted at 0 run for another root)."""
@@ -61,6 +68,26 @@ class Schedule:
                            tuple((spec, peer_of(peer)) for spec, peer in recvs), ops)
                           for sends, recvs, ops in self.steps]
         return schedule
+
+
+def chosen_schedule(choose, schedules, rank, p, n, itemsize, in_place=False):
+    """The schedule of the algorithm that ``choose(p, n * itemsize)`` names in ``schedules``.
+
+    An ``auto`` collective's schedule builder is ``partial(chosen_schedule, choose, SCHEDULES)``:
+    ``(rank, p, n, itemsize, in_place) -> Schedule``, choosing by the whole vector's bytes and the
+    rank count (the same on every rank, since all pass the same length and dtype).
+
+    Parameters
+    ----------
+    choose : callable
+        ``choose(p, nbytes) -> name``.
+    schedules : dict
+        Name -> schedule builder ``(rank, p, n, itemsize, in_place) -> Schedule``.
+    rank, p, n, itemsize, in_place
+        As the builders take them: this rank, the rank count, the items of the whole vector,
+        their size in bytes, in place or not.
+    """
+    return schedules[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
 
 
 def bind(schedule, comm, arrays, ufunc, persistent):

@@ -1,41 +1,24 @@
-"""Allreduce by a binomial-tree reduce to rank 0 and a binomial-tree broadcast.
+"""Allreduce by a binomial-tree reduce to rank 0 and a binomial-tree broadcast from it.
 
-Any rank count; laid out once per shape (`parallel.collectives.schedule`) and run
-from cached plans (`parallel.collectives.plans`); conventions and cost notation as
-in `parallel.collectives.base`.
+The two halves are the rooted collectives' own trees, run for root 0: the reduce of
+`parallel.collectives.reduce.binomial` leaves the whole reduction in rank 0's
+``recvbuf``, and the broadcast of `parallel.collectives.bcast.binomial` sends it from
+there down the same tree (in place: every rank's result lands in its ``recvbuf``). Any
+rank count; laid out once per shape (`parallel.collectives.schedule`) and run from
+cached plans (`parallel.collectives.plans`); conventions and cost notation as in
+`parallel.collectives.base`.
 """
 from parallel.collectives.base import allreduce_length
+from parallel.collectives.bcast.binomial import binomial_schedule as broadcast_schedule
 from parallel.collectives.plans import Collective
-from parallel.collectives.schedule import Schedule
+from parallel.collectives.reduce.binomial import binomial_schedule as reduce_schedule
 
 
 def tree_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `allreduce_tree` on ``rank`` for ``n`` items (a `Schedule`)."""
-    whole = slice(0, n)
-    out = ("out", whole)
-    schedule = Schedule()
-    if n and not in_place:
-        schedule.copy(("in", whole), out)
-    if n == 0 or p == 1:
-        return schedule
-    distance = 1
-    while distance < p and not rank & distance:
-        if rank + distance < p:
-            schedule.step(recvs=[(("tmp", whole), rank + distance)], ops=[("reduce", out, ("tmp", whole), out)])
-        distance <<= 1
-    if distance < p:
-        schedule.step(sends=[(out, rank - distance)])
-        schedule.step(recvs=[(out, rank - distance)])
-    # ``distance`` is now this rank's lowest set bit (p rounded up to a power of two on rank 0).
-    children = []
-    distance >>= 1
-    while distance:
-        if rank + distance < p:
-            children.append((out, rank + distance))
-        distance >>= 1
-    if children:
-        schedule.step(sends=children)
-    return schedule
+    """Steps of `allreduce_tree` on ``rank`` for ``n`` items (a `Schedule`): the binomial reduce to rank 0,
+    then the binomial broadcast of rank 0's "out"."""
+    reduced = reduce_schedule(rank, p, n, itemsize, in_place)
+    return reduced.extend(broadcast_schedule(rank, p, n, itemsize, in_place=True))
 
 
 _TREE = Collective("allreduce_tree", tree_schedule, allreduce_length)
@@ -51,6 +34,7 @@ def allreduce_tree(comm, sendbuf, recvbuf, op="sum"):
     Critical path ``2 ceil(log2 p) (alpha + n beta) + ceil(log2 p) n gamma``; each
     rank sends one message in the reduce and up to ``ceil(log2 p)`` (rank 0) in the
     broadcast, posted together. Simple, but neither latency- nor bandwidth-optimal.
-    Scratch: ``n`` bytes.
+    Scratch: ``n`` bytes on ranks with two or more children in the tree (one or more
+    in place), none on leaves (`parallel.collectives.reduce.binomial.reduce_binomial`).
     """
     return _TREE(comm, sendbuf, recvbuf, op)

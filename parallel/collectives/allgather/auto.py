@@ -38,10 +38,13 @@ How the thresholds were chosen
     but there its folded ranks idle on oversubscribed cores; MPICH does not use it
     there, nor does `choose`.
 """
+from functools import partial
+
 from parallel.collectives.allgather.bruck import bruck_schedule
 from parallel.collectives.allgather.recursive_doubling import recursive_doubling_schedule
 from parallel.collectives.plans import Collective
 from parallel.collectives.ring import allgather_length, allgather_schedule
+from parallel.collectives.schedule import chosen_schedule
 
 #: Recursive doubling on a power-of-two rank count for vectors below this many bytes.
 LONG_BYTES = 4 << 20
@@ -59,10 +62,9 @@ def choose(p, nbytes):
     return "bruck" if fewer_steps and nbytes < SHORT_BYTES else "ring"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `allgather_auto` on ``rank`` for ``n`` items of ``itemsize`` bytes (a `Schedule`)."""
-    return SCHEDULES[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
-
+#: Steps of `allgather_auto` on ``rank`` (``(rank, p, n, itemsize, in_place) -> Schedule``):
+#: those of the algorithm `choose` picks for the vector's bytes and the rank count.
+auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 
 _AUTO = Collective("allgather_auto", auto_schedule, allgather_length, reduces=False)
 

@@ -32,11 +32,14 @@ How the thresholds were chosen
     `SHORT_BYTES` and `MIN_RANKS` keep MPICH's values. The chain never beat the
     tree beyond the noise (its segment size: `parallel.collectives.bcast.chain`).
 """
+from functools import partial
+
 from parallel.collectives.base import allreduce_length
 from parallel.collectives.bcast.base import root_or_in_place
 from parallel.collectives.bcast.binomial import binomial_schedule
 from parallel.collectives.bcast.scatter_allgather import scatter_allgather_schedule
 from parallel.collectives.rooted import RootedCollective
+from parallel.collectives.schedule import chosen_schedule
 
 #: The binomial tree for vectors below this many bytes.
 SHORT_BYTES = 12288
@@ -51,10 +54,9 @@ def choose(p, nbytes):
     return "binomial" if nbytes < SHORT_BYTES or p < MIN_RANKS else "scatter_allgather"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `bcast_auto` on virtual rank ``rank`` (root 0) for ``n`` items of ``itemsize`` bytes."""
-    return SCHEDULES[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
-
+#: Steps of `bcast_auto` on virtual rank ``rank`` (root 0) (``(rank, p, n, itemsize, in_place) -> Schedule``):
+#: those of the algorithm `choose` picks for the vector's bytes and the rank count.
+auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 
 _AUTO = RootedCollective("bcast_auto", auto_schedule, allreduce_length, reduces=False)
 

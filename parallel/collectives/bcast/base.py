@@ -1,4 +1,5 @@
-"""What the broadcasts share: the binomial tree on virtual ranks and the root's ``sendbuf``.
+"""What the broadcasts share: the binomial tree on virtual ranks (the binomial reduce's too) and the root's
+``sendbuf``.
 
 Broadcasts are written for root 0 on virtual ranks ``(rank - root) % p`` and run for
 any root by `parallel.collectives.rooted.RootedCollective`.

@@ -1,7 +1,7 @@
 """Broadcast down a binomial tree: ``ceil(log2 p)`` rounds, the whole vector each.
 
-The tree is the broadcast half of `parallel.collectives.tree` on virtual ranks
-(root 0; `parallel.collectives.bcast.base`): virtual rank ``v`` receives from
+The tree of `parallel.collectives.bcast.base` on virtual ranks (root 0; the second half of
+`parallel.collectives.tree`'s allreduce): virtual rank ``v`` receives from
 ``v - lowbit(v)`` and sends to ``v + 2**j`` for every ``2**j < lowbit(v)`` (the root:
 every ``2**j < p``), largest subtree first, its sends posted together. As MPICH's
 ``bcast_intra_binomial``; conventions and cost notation as in

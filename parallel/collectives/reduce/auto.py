@@ -26,10 +26,13 @@ How the thresholds were measured
     on two cores and take `SHORT_BYTES`, as MPICH has one threshold for every rank count (their
     binomial tree is three levels deep, so the fold costs relatively less than on 3 ranks).
 """
+from functools import partial
+
 from parallel.collectives.base import allreduce_length
 from parallel.collectives.reduce.binomial import binomial_schedule
 from parallel.collectives.reduce.rabenseifner import rabenseifner_reduce_schedule
 from parallel.collectives.rooted import RootedCollective
+from parallel.collectives.schedule import chosen_schedule
 
 #: The binomial tree for vectors of at most this many bytes.
 SHORT_BYTES = 1 << 19
@@ -44,10 +47,9 @@ def choose(p, nbytes):
     return "binomial" if nbytes <= (THREE_RANKS_BYTES if p == 3 else SHORT_BYTES) else "rabenseifner"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `reduce_auto` on virtual rank ``rank`` (root 0) for ``n`` items of ``itemsize`` bytes."""
-    return SCHEDULES[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
-
+#: Steps of `reduce_auto` on virtual rank ``rank`` (root 0) (``(rank, p, n, itemsize, in_place) -> Schedule``):
+#: those of the algorithm `choose` picks for the vector's bytes and the rank count.
+auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 
 _AUTO = RootedCollective("reduce_auto", auto_schedule, allreduce_length)
 

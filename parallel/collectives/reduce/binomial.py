@@ -1,12 +1,14 @@
 """Reduce to a root along a binomial tree.
 
-The tree is that of `parallel.collectives.tree` (its first half): on virtual ranks
-``v = (rank - root) % p``, rank ``v`` receives from ``v + 1, v + 2, v + 4, ...`` below its
-lowest set bit and then sends its partial result to ``v`` minus that bit;
+The broadcasts' tree (`parallel.collectives.bcast.base`) walked upwards: on virtual ranks
+``v = (rank - root) % p``, rank ``v`` receives from ``v + 1, v + 2, v + 4, ...`` below its lowest
+set bit and then sends its partial result to ``v`` minus that bit (`parallel.collectives.tree`
+runs this reduce and the binomial broadcast in turn);
 `parallel.collectives.rooted.RootedCollective` maps virtual ranks to real ones. Any rank
 count; conventions and cost notation as in `parallel.collectives.base`.
 """
 from parallel.collectives.base import allreduce_length
+from parallel.collectives.bcast.base import children, subtree_span
 from parallel.collectives.power_of_two import trivial_schedule
 from parallel.collectives.rooted import RootedCollective
 from parallel.collectives.schedule import Schedule
@@ -23,16 +25,12 @@ def binomial_schedule(rank, p, n, itemsize=None, in_place=False):
         return schedule
     schedule, whole = Schedule(), slice(0, n)
     data = "out" if in_place else "in"
-    distance = 1
-    while distance < p and not rank & distance:
-        if rank + distance < p:
-            incoming = ("out" if data == "in" else "tmp", whole)
-            schedule.step(recvs=[(incoming, rank + distance)],
-                          ops=[("reduce", (data, whole), incoming, ("out", whole))])
-            data = "out"
-        distance <<= 1
-    if distance < p:
-        schedule.step(sends=[((data, whole), rank - distance)])
+    for child, _ in reversed(children(rank, p)):         # smallest subtree first: the first to finish
+        incoming = ("out" if data == "in" else "tmp", whole)
+        schedule.step(recvs=[(incoming, child)], ops=[("reduce", (data, whole), incoming, ("out", whole))])
+        data = "out"
+    if rank:
+        schedule.step(sends=[((data, whole), rank - subtree_span(rank, p))])
     return schedule
 
 

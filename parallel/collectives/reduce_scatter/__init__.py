@@ -20,7 +20,7 @@ algorithm's cost next to its code):
 from parallel.collectives.reduce_scatter.auto import auto_schedule, reduce_scatter_auto
 from parallel.collectives.reduce_scatter.recursive_halving import (recursive_halving_schedule,
                                                                    reduce_scatter_recursive_halving)
-from parallel.collectives.ring import _reduce_scatter_schedule, reduce_scatter_ring
+from parallel.collectives.ring import reduce_scatter_ring, reduce_scatter_schedule
 
 REDUCE_SCATTER_ALGORITHMS = {
     "ring": reduce_scatter_ring,
@@ -29,7 +29,7 @@ REDUCE_SCATTER_ALGORITHMS = {
 }
 
 REDUCE_SCATTER_SCHEDULES = {
-    "ring": _reduce_scatter_schedule,
+    "ring": reduce_scatter_schedule,
     "recursive_halving": recursive_halving_schedule,
     "auto": auto_schedule,
 }

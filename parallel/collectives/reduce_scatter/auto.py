@@ -33,14 +33,17 @@ How the thresholds were measured
     it won or tied every run; 2 ranks never take the ring. 5-8 ranks cannot be measured on two
     cores and take the same threshold.
 """
+from functools import partial
+
 from parallel.collectives.plans import Collective
 from parallel.collectives.reduce_scatter.recursive_halving import recursive_halving_schedule
-from parallel.collectives.ring import _reduce_scatter_length, _reduce_scatter_schedule
+from parallel.collectives.ring import reduce_scatter_length, reduce_scatter_schedule
+from parallel.collectives.schedule import chosen_schedule
 
 #: Recursive halving (or pairwise exchange) while the whole vector has at most this many bytes.
 LONG_BYTES = 1 << 24
 
-SCHEDULES = {"recursive_halving": recursive_halving_schedule, "ring": _reduce_scatter_schedule}
+SCHEDULES = {"recursive_halving": recursive_halving_schedule, "ring": reduce_scatter_schedule}
 
 
 def choose(p, nbytes):
@@ -48,12 +51,11 @@ def choose(p, nbytes):
     return "recursive_halving" if p <= 2 or nbytes <= LONG_BYTES else "ring"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `reduce_scatter_auto` on ``rank`` for ``n`` items of ``itemsize`` bytes (a `Schedule`)."""
-    return SCHEDULES[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
+#: Steps of `reduce_scatter_auto` on ``rank`` (``(rank, p, n, itemsize, in_place) -> Schedule``):
+#: those of the algorithm `choose` picks for the vector's bytes and the rank count.
+auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 
-
-_AUTO = Collective("reduce_scatter_auto", auto_schedule, _reduce_scatter_length)
+_AUTO = Collective("reduce_scatter_auto", auto_schedule, reduce_scatter_length)
 
 
 def reduce_scatter_auto(comm, sendbuf, recvbuf, op="sum"):

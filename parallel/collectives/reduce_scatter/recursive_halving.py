@@ -15,7 +15,7 @@ from parallel.collectives.base import block_slices
 from parallel.collectives.plans import Collective
 from parallel.collectives.power_of_two import halving_groups, trivial_schedule
 from parallel.collectives.reduce_scatter.pairwise import pairwise_steps
-from parallel.collectives.ring import _reduce_scatter_length
+from parallel.collectives.ring import reduce_scatter_length
 from parallel.collectives.schedule import Schedule
 
 
@@ -65,7 +65,7 @@ def recursive_halving_schedule(rank, p, n, itemsize=None, in_place=False):
 
 
 _RECURSIVE_HALVING = Collective("reduce_scatter_recursive_halving", recursive_halving_schedule,
-                                _reduce_scatter_length)
+                                reduce_scatter_length)
 
 
 def reduce_scatter_recursive_halving(comm, sendbuf, recvbuf, op="sum"):

@@ -7,55 +7,13 @@ import pytest
 from mpi4py import MPI
 
 from kernels.distribution import block_range
-from parallel.collectives import release_plans
 from parallel.collectives.allgather import ALLGATHER_ALGORITHMS
 from parallel.collectives.allgather.auto import LONG_BYTES, SHORT_BYTES, choose
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_plans import _duplicate_without_plans, _plans_of
+from tests.parallel.collectives.collectives_tools import (DTYPES, assert_refusals, assert_repeats_until_released,
+                                                          exact_values, lengths, read_only)
 
 ALGORITHMS = sorted(ALLGATHER_ALGORITHMS)
-DTYPES = [np.float32, np.float64, np.int32, np.int64, np.complex128, np.uint8]
-
-
-def lengths(comm, dtype):
-    """The lengths every collective is tested at: empty, below, at and above ``p``, uneven, and about
-    100 KiB of ``dtype`` (3 items past a multiple of every rank count up to 8)."""
-    p = comm.size
-    return [0, 1, p - 1, p, p + 1, 7, 1003, (100 << 10) // np.dtype(dtype).itemsize // 840 * 840 + 3]
-
-
-def exact_values(n, dtype, seed=0):
-    """Small non-negative integers of ``dtype`` (complex ones with an imaginary part), changing with ``seed``."""
-    values = (np.arange(n) * 7 + seed * 13) % 101
-    if np.dtype(dtype).kind == "c":
-        return (values + 1j * (values % 5)).astype(dtype)
-    return values.astype(dtype)
-
-
-def requests_released(comm, run):
-    """``run()`` twice (the second on persistent requests where a plan has messages), then `release_plans`:
-    whether the requests were made (or there were no messages to make them for) and are freed now."""
-    run()
-    run()
-    requests = [request for plan in _plans_of(comm) for request in plan.requests]
-    made = bool(requests) or comm.size == 1
-    release_plans(comm)
-    return made and all(request == MPI.REQUEST_NULL for request in requests) and not _plans_of(comm)
-
-
-def read_only(n):
-    """A vector of ``n`` zeros that cannot be written."""
-    array = np.zeros(n)
-    array.setflags(write=False)
-    return array
-
-
-def assert_refusals(call, cases, name):
-    """Each case ``(*arguments, error, message)`` makes ``call(*arguments)`` raise ``error`` matching
-    ``message``; a failure names ``name`` and the message."""
-    for *arguments, error, message in cases:
-        with combination(name, message), pytest.raises(error, match=message):
-            call(*arguments)
 
 
 def _buffers(comm, full, in_place):
@@ -100,19 +58,20 @@ def test_allgather_of_random_floats_equals_mpi(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_allgather_repeats_on_persistent_plans_until_released(comm, algorithm):
     allgather = ALLGATHER_ALGORITHMS[algorithm]
-    for n, in_place in itertools.product([1, comm.size + 1, 1003], [False, True]):
-        with combination(algorithm, f"n={n}", f"in_place={in_place}"), _duplicate_without_plans(comm) as fresh:
-            start, stop = block_range(n, fresh.size, fresh.rank)
-            block, full = np.empty(stop - start), np.empty(n)
-            verdicts = []
-            for call in range(3):
-                expected = exact_values(n, np.float64, call)
-                full[:] = -1
-                (full[start:stop] if in_place else block)[:] = expected[start:stop]
-                allgather(fresh, MPI.IN_PLACE if in_place else block, full)
-                verdicts.append(np.array_equal(full, expected))
-            released = requests_released(fresh, lambda: allgather(fresh, MPI.IN_PLACE if in_place else block, full))
-            assert all_ranks(fresh, all(verdicts) and released)
+
+    def session(fresh, n, in_place):
+        start, stop = block_range(n, fresh.size, fresh.rank)
+        block, full = np.empty(stop - start), np.empty(n)
+        sendbuf, verdicts = MPI.IN_PLACE if in_place else block, []
+        for call in range(3):
+            expected = exact_values(n, np.float64, call)
+            full[:] = -1
+            (full[start:stop] if in_place else block)[:] = expected[start:stop]
+            allgather(fresh, sendbuf, full)
+            verdicts.append(np.array_equal(full, expected))
+        return verdicts, lambda: allgather(fresh, sendbuf, full)
+
+    assert_repeats_until_released(comm, algorithm, session)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

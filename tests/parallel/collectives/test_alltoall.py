@@ -12,17 +12,10 @@ from parallel.collectives import release_plans
 from parallel.collectives.alltoall import ALLTOALL_ALGORITHMS, ALLTOALL_SCHEDULES
 from parallel.collectives.alltoall.auto import BRUCK_MIN_RANKS, MEDIUM_BYTES, SHORT_BYTES, choose
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_plans import _duplicate_without_plans, _plans_of
+from tests.parallel.collectives.collectives_tools import (DTYPES, LENGTH_RULES, duplicate_without_plans,
+                                                          length_by_rule, plans_of, read_only)
 
 ALGORITHMS = sorted(ALLTOALL_ALGORITHMS)
-DTYPES = [np.float32, np.float64, np.int32, np.int64, np.complex128, np.uint8]
-#: Lengths by rule; "100KiB": about 100 KiB of the dtype.
-LENGTHS = [0, 1, "p-1", "p", "p+1", 7, 1003, "100KiB"]
-
-
-def _length(length, p, dtype):
-    rules = {"p-1": p - 1, "p": p, "p+1": p + 1, "100KiB": (100 << 10) // np.dtype(dtype).itemsize}
-    return rules.get(length, length)
 
 
 def _send_vector(rank, n, dtype, call=0):
@@ -48,8 +41,8 @@ def _buffers(comm, n, dtype, in_place):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_alltoall_matches_numpy(comm, algorithm):
     alltoall = ALLTOALL_ALGORITHMS[algorithm]
-    for length, dtype, in_place in itertools.product(LENGTHS, DTYPES, [False, True]):
-        n = _length(length, comm.size, dtype)
+    for length, dtype, in_place in itertools.product(LENGTH_RULES, DTYPES, [False, True]):
+        n = length_by_rule(length, comm.size, dtype)
         if in_place and n % comm.size:
             continue
         with combination(algorithm, f"n={n}", dtype, f"in_place={in_place}"):
@@ -82,16 +75,16 @@ def test_alltoall_of_random_floats_and_buffer_objects_is_mpis_alltoallv(comm, al
 def test_the_second_call_runs_on_persistent_requests_until_released(comm, algorithm):
     alltoall = ALLTOALL_ALGORITHMS[algorithm]
     for n, in_place in [(4 * comm.size, False), (4 * comm.size, True), (1000 * comm.size + 1, False)]:
-        with combination(algorithm, f"n={n}", f"in_place={in_place}"), _duplicate_without_plans(comm) as fresh:
+        with combination(algorithm, f"n={n}", f"in_place={in_place}"), duplicate_without_plans(comm) as fresh:
             verdicts, requests = [], []
             _, sendbuf, recvbuf = _buffers(fresh, n, np.float64, in_place)
             for call in range(3):
                 (recvbuf if in_place else sendbuf)[:] = _send_vector(fresh.rank, n, np.float64, call)
                 alltoall(fresh, sendbuf, recvbuf)
                 verdicts.append(np.array_equal(recvbuf, _expected(fresh, n, np.float64, call)))
-                requests.append([request for plan in _plans_of(fresh) for request in plan.requests])
+                requests.append([request for plan in plans_of(fresh) for request in plan.requests])
             release_plans(fresh)
-            freed = not _plans_of(fresh) and all(request == MPI.REQUEST_NULL for request in requests[-1])
+            freed = not plans_of(fresh) and all(request == MPI.REQUEST_NULL for request in requests[-1])
             assert all_ranks(fresh, all(verdicts) and requests[0] == [] and requests[1] and freed)
 
 
@@ -99,14 +92,12 @@ def test_the_second_call_runs_on_persistent_requests_until_released(comm, algori
 def test_refusals(comm):
     """Wrong lengths (in place too), mismatched or unsupported dtypes, read-only or non-buffer receivers."""
     p = comm.size
-    read_only = np.zeros(p)
-    read_only.setflags(write=False)
     cases = [
         (np.zeros(p + 1), np.zeros(p * (block_counts(p + 1, p)[comm.rank] + 1)), ValueError, "expected"),
         (np.zeros(2 * p, np.float32), np.zeros(2 * p), TypeError, "float32"),
         (np.zeros(p, bool), np.zeros(p, bool), TypeError, "supported"),
         (np.zeros((p, 1)), np.zeros(p), ValueError, "1-D"),
-        (np.zeros(p), read_only, ValueError, "read-only"),
+        (np.zeros(p), read_only(p), ValueError, "read-only"),
         ([0.0] * p, np.zeros(p), TypeError, "buffer"),
     ]
     if p > 1:
@@ -154,7 +145,7 @@ def _simulate(schedule_of, p, n, dtype, in_place):
 def test_schedules_on_up_to_nine_simulated_ranks(algorithm):
     """Rank counts beyond the MPI rounds (Bruck's positions of three bits need 8 ranks) and every length rule."""
     for p, length, in_place in itertools.product(range(1, 10), [0, 1, "p-1", "p", "p+1", 3, 23, "7p"], [False, True]):
-        n = 7 * p if length == "7p" else _length(length, p, np.int64)
+        n = 7 * p if length == "7p" else length_by_rule(length, p, np.int64)
         if in_place and n % p:
             continue
         with combination(algorithm, f"p={p}", f"n={n}", f"in_place={in_place}"):

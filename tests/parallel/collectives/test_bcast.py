@@ -10,16 +10,10 @@ from parallel.collectives.bcast import BCAST_ALGORITHMS
 from parallel.collectives.bcast.auto import MIN_RANKS, SHORT_BYTES, choose
 from parallel.collectives.bcast.chain import bcast_chain
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_allgather import (DTYPES, assert_refusals, exact_values, lengths, read_only,
-                                                       requests_released)
-from tests.parallel.collectives.test_plans import _duplicate_without_plans
+from tests.parallel.collectives.collectives_tools import (DTYPES, assert_refusals, assert_repeats_until_released,
+                                                          exact_values, lengths, read_only, roots)
 
 ALGORITHMS = sorted(BCAST_ALGORITHMS)
-
-
-def roots(comm):
-    """The first, the last and a middle rank."""
-    return sorted({0, comm.size // 2, comm.size - 1})
 
 
 def _buffers(comm, data, root, in_place):
@@ -76,20 +70,20 @@ def test_bcast_of_random_floats_equals_mpi(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_bcast_repeats_on_persistent_plans_until_released(comm, algorithm):
     bcast = BCAST_ALGORITHMS[algorithm]
-    for n, root, in_place in itertools.product([1, comm.size + 1, 1003], roots(comm), [False, True]):
-        with combination(algorithm, f"n={n}", f"root={root}", f"in_place={in_place}"), \
-                _duplicate_without_plans(comm) as fresh:
-            send, recv = np.empty(n), np.empty(n)
-            sendbuf = MPI.IN_PLACE if in_place and fresh.rank == root else send
-            verdicts = []
-            for call in range(3):
-                expected = exact_values(n, np.float64, call)
-                recv[:] = expected if in_place and fresh.rank == root else -1
-                send[:] = expected if fresh.rank == root else -1
-                bcast(fresh, sendbuf, recv, root=root)
-                verdicts.append(np.array_equal(recv, expected))
-            released = requests_released(fresh, lambda: bcast(fresh, sendbuf, recv, root=root))
-            assert all_ranks(fresh, all(verdicts) and released)
+
+    def session(fresh, n, root, in_place):
+        send, recv = np.empty(n), np.empty(n)
+        sendbuf = MPI.IN_PLACE if in_place and fresh.rank == root else send
+        verdicts = []
+        for call in range(3):
+            expected = exact_values(n, np.float64, call)
+            recv[:] = expected if in_place and fresh.rank == root else -1
+            send[:] = expected if fresh.rank == root else -1
+            bcast(fresh, sendbuf, recv, root=root)
+            verdicts.append(np.array_equal(recv, expected))
+        return verdicts, lambda: bcast(fresh, sendbuf, recv, root=root)
+
+    assert_repeats_until_released(comm, algorithm, session, rooted=True)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -4,6 +4,7 @@ import itertools
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,8 @@ from bench.faults import sleeping_barrier
 from parallel.collectives import hierarchical, release_plans
 from parallel.collectives.hierarchical import allreduce_hierarchical
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_alltoall import DTYPES, LENGTHS, _length
-from tests.parallel.collectives.test_plans import _plans_of
+from tests.parallel.collectives.collectives_tools import (DTYPES, LENGTH_RULES, assert_refusals, length_by_rule,
+                                                          plans_of, refusals)
 
 #: What the two-node job checks (a smaller set: it runs on 4 ranks within a serial test).
 TWO_NODE_LENGTHS = [0, 1, "p+1", 1003, "100KiB"]
@@ -33,12 +34,12 @@ def _reference(comm, n, dtype, op, call=0):
     return (np.max if op == "max" else np.sum)(stacked, axis=0).astype(dtype)
 
 
-def check_against_numpy(comm, lengths=LENGTHS, dtypes=DTYPES):
+def check_against_numpy(comm, lengths=LENGTH_RULES, dtypes=DTYPES):
     """Each length, dtype, place and op (as a string and as an MPI op), each called twice on the same buffers."""
     for length, dtype, in_place, op in itertools.product(lengths, dtypes, [False, True], ["sum", "max", MPI.MAX]):
         if np.dtype(dtype).kind == "c" and op != "sum":
             continue
-        n = _length(length, comm.size, dtype)
+        n = length_by_rule(length, comm.size, dtype)
         name = op if isinstance(op, str) else "MPI.MAX"
         with combination(f"n={n}", dtype, f"in_place={in_place}", name):
             send, recv = np.empty(n, dtype), np.empty(n, dtype)
@@ -78,7 +79,8 @@ def check_two_nodes():
             node = comm.Split_type(MPI.COMM_TYPE_SHARED)
             leaders = comm.allreduce(int(node.rank == 0))
             node.Free()
-            assert leaders == 2 and hierarchical._nodes(comm).aligned == aligned, f"{comm.size} ranks: {leaders} nodes"
+            nodes = hierarchical._NODES.get(comm)
+            assert leaders == 2 and nodes.aligned == aligned, f"{comm.size} ranks: {leaders} nodes"
             check_against_numpy(comm, TWO_NODE_LENGTHS, TWO_NODE_DTYPES)
             check_random_floats_against_mpi(comm)
     finally:
@@ -110,29 +112,16 @@ def test_repeated_calls_run_on_persistent_requests_released_and_freed_with_the_c
     send, recv = np.ones(1000), np.zeros(1000)
     for _ in range(2):
         allreduce_hierarchical(dup, send, recv)
-    requests = [request for plan in _plans_of(dup) for request in plan.requests]   # one node: plans on dup
+    requests = [request for plan in plans_of(dup) for request in plan.requests]   # one node: plans on dup
     summed = np.array_equal(recv, np.full(1000, float(comm.size)))
     release_plans(dup)
-    released = all(request == MPI.REQUEST_NULL for request in requests) and not _plans_of(dup)
-    nodes = hierarchical._nodes(dup)
+    released = all(request == MPI.REQUEST_NULL for request in requests) and not plans_of(dup)
+    nodes = hierarchical._NODES.get(dup)
     dup.Free()
     freed = nodes.node == MPI.COMM_NULL and nodes.across == MPI.COMM_NULL
     assert all_ranks(comm, summed and requests and released and freed)
 
 
 def test_refusals():
-    read_only = np.zeros(4)
-    read_only.setflags(write=False)
-    cases = [
-        (np.zeros(5), np.zeros(4), "sum", ValueError, "items"),
-        (np.zeros(4, np.float32), np.zeros(4), "sum", TypeError, "float32"),
-        (np.zeros(4, bool), np.zeros(4, bool), "sum", TypeError, "supported"),
-        (np.zeros(4), read_only, "sum", ValueError, "read-only"),
-        ([0.0] * 4, np.zeros(4), "sum", TypeError, "buffer"),
-        (np.zeros(4), np.zeros(4), "prod", ValueError, "unknown reduction op"),
-        (np.zeros(4), np.zeros(4), MPI.MIN, ValueError, "unknown reduction op"),
-        (np.zeros(4, complex), np.zeros(4, complex), "max", TypeError, "max"),
-    ]
-    for sendbuf, recvbuf, op, error, message in cases:
-        with combination(error, message), pytest.raises(error, match=message):
-            allreduce_hierarchical(MPI.COMM_SELF, sendbuf, recvbuf, op)
+    wrong_length = [(np.zeros(5), np.zeros(4), "sum", ValueError, "items")]
+    assert_refusals(partial(allreduce_hierarchical, MPI.COMM_SELF), refusals() + wrong_length, "hierarchical")

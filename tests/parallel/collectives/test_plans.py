@@ -3,7 +3,6 @@ import array
 import itertools
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from parallel.collectives import ALLREDUCE_ALGORITHMS, plans, release_plans
 from parallel.collectives.auto import SMALL_BYTES, choose
 from parallel.collectives.ring import allgather_ring, reduce_scatter_ring
 from tests.mpitools import all_ranks
+from tests.parallel.collectives.collectives_tools import duplicate_without_plans, plans_of
 
 ALGORITHMS = sorted(ALLREDUCE_ALGORITHMS)
 DTYPES = [np.float32, np.float64, np.int32, np.uint8, np.complex128]
@@ -30,25 +30,10 @@ def _reference(comm, n, dtype, call, op):
     return (np.sum if op == "sum" else np.max)(stacked, axis=0).astype(dtype)
 
 
-def _plans_of(comm):
-    return [entry for entry in plans._CACHE.values() if isinstance(entry, plans._Plan) and entry.comm == comm]
-
-
-@contextmanager
-def _duplicate_without_plans(comm):
-    """A duplicate of ``comm`` with no cached plans, released and freed afterwards."""
-    dup = comm.Dup()
-    try:
-        yield dup
-    finally:
-        release_plans(dup)
-        dup.Free()
-
-
 @pytest.fixture
 def fresh(comm):
-    """``_duplicate_without_plans(comm)`` for the whole test."""
-    with _duplicate_without_plans(comm) as dup:
+    """``duplicate_without_plans(comm)`` for the whole test."""
+    with duplicate_without_plans(comm) as dup:
         yield dup
 
 
@@ -56,7 +41,7 @@ def fresh(comm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_repeated_calls_on_the_same_buffers_follow_their_contents(comm, algorithm):
     for length, dtype, in_place in itertools.product([0, 1, "p-1", 1001, 3000], DTYPES, [False, True]):
-        with _duplicate_without_plans(comm) as fresh:
+        with duplicate_without_plans(comm) as fresh:
             n = fresh.size - 1 if length == "p-1" else length
             ops = ["sum"] if np.dtype(dtype).kind == "c" else ["sum", "max", MPI.SUM]
             send, recv = np.empty(n, dtype), np.empty(n, dtype)
@@ -82,9 +67,9 @@ def test_the_second_call_on_the_same_buffers_runs_on_persistent_requests(fresh, 
     comm, n = fresh, 1000
     send, recv = np.ones(n), np.zeros(n)
     ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
-    first = [plan.requests for plan in _plans_of(comm)]
+    first = [plan.requests for plan in plans_of(comm)]
     ALLREDUCE_ALGORITHMS[algorithm](comm, send, recv)
-    second = [len(plan.requests) for plan in _plans_of(comm)]
+    second = [len(plan.requests) for plan in plans_of(comm)]
     assert all_ranks(comm, first == [[]] and len(second) == 1 and second[0] > 0)
     assert all_ranks(comm, np.array_equal(recv, np.full(n, comm.size, float)))
 
@@ -165,7 +150,7 @@ def test_the_cache_is_bounded_and_evicted_plans_free_their_requests(fresh):
     pairs = [(np.ones(4), np.zeros(4)) for _ in range(2 * plans.CACHE_SIZE + 4)]
     for send, recv in pairs[:1] * 2:
         allreduce(comm, send, recv)
-    requests = list(_plans_of(comm)[0].requests)
+    requests = list(plans_of(comm)[0].requests)
     for send, recv in pairs[1:]:
         allreduce(comm, send, recv)
     all_summed = all(np.all(recv == comm.size) for _, recv in pairs)
@@ -179,9 +164,9 @@ def test_release_plans_frees_requests_and_a_freed_communicator_is_not_served(com
     send, recv = np.ones(3), np.zeros(3)
     for _ in range(2):
         ALLREDUCE_ALGORITHMS["ring"](dup, send, recv)
-    requests = [request for plan in _plans_of(dup) for request in plan.requests]
+    requests = [request for plan in plans_of(dup) for request in plan.requests]
     release_plans(dup)
-    freed = bool(requests) and all(request == MPI.REQUEST_NULL for request in requests) and not _plans_of(dup)
+    freed = bool(requests) and all(request == MPI.REQUEST_NULL for request in requests) and not plans_of(dup)
     for _ in range(2):
         ALLREDUCE_ALGORITHMS["ring"](dup, send, recv)
     dup.Free()
@@ -196,7 +181,7 @@ def test_reduce_scatter_and_allgather_repeat_on_the_same_buffers(comm):
     n = 2 * comm.size + 1
     start, stop = block_range(n, comm.size, comm.rank)
     for in_place in [False, True]:
-        with _duplicate_without_plans(comm) as fresh:
+        with duplicate_without_plans(comm) as fresh:
             full, block = np.empty(n), np.empty(stop - start)
             verdicts = []
             for call in range(3):
@@ -238,7 +223,7 @@ def test_auto_chooses_recursive_doubling_small_and_bandwidth_optimal_large():
 @pytest.mark.mpi(min_size=1)
 def test_auto_matches_numpy_across_its_thresholds(comm):
     for nbytes in [8, SMALL_BYTES // 4, SMALL_BYTES // 4 + 8, SMALL_BYTES // 2, SMALL_BYTES // 2 + 8]:
-        with _duplicate_without_plans(comm) as fresh:
+        with duplicate_without_plans(comm) as fresh:
             n = nbytes // 8
             mine = _contribution(fresh.rank, n, np.float64, 0)
             recv = np.empty(n)

@@ -1,6 +1,7 @@
 """The hand-written reductions to a root against NumPy on any rank count and root, their plans and auto's
 choice."""
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
@@ -9,10 +10,8 @@ from mpi4py import MPI
 from parallel.collectives.reduce import REDUCE_ALGORITHMS
 from parallel.collectives.reduce.auto import SHORT_BYTES, THREE_RANKS_BYTES, choose
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_allgather import DTYPES, lengths, requests_released
-from tests.parallel.collectives.test_bcast import roots
-from tests.parallel.collectives.test_plans import _duplicate_without_plans
-from tests.parallel.collectives.test_reduce_scatter import contribution, ops_of, reference, refusals
+from tests.parallel.collectives.collectives_tools import (DTYPES, assert_refusals, assert_repeats_until_released,
+                                                          contribution, lengths, ops_of, reference, refusals, roots)
 
 ALGORITHMS = sorted(REDUCE_ALGORITHMS)
 
@@ -52,30 +51,26 @@ def test_reduce_of_random_floats_is_close_to_mpi(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_reduce_repeats_on_persistent_plans_until_released(comm, algorithm):
     reduce = REDUCE_ALGORITHMS[algorithm]
-    for n, root, in_place in itertools.product([1, comm.size + 1, 1003], roots(comm), [False, True]):
-        with combination(algorithm, f"n={n}", f"root={root}", f"in_place={in_place}"), \
-                _duplicate_without_plans(comm) as fresh:
-            send, recv = np.empty(n), np.empty(n)
-            sendbuf = MPI.IN_PLACE if in_place else send
-            verdicts = []
-            for call, op in itertools.product(range(3), [MPI.SUM, MPI.MAX]):
-                (recv if in_place else send)[:] = contribution(fresh.rank, n, np.float64, call)
-                reduce(fresh, sendbuf, recv, op=op, root=root)
-                verdicts.append(fresh.rank != root or np.array_equal(recv, reference(fresh.size, n, np.float64, op,
-                                                                                    call)))
-            released = requests_released(fresh, lambda: reduce(fresh, sendbuf, recv, root=root))
-            assert all_ranks(fresh, all(verdicts) and released)
+
+    def session(fresh, n, root, in_place):
+        send, recv = np.empty(n), np.empty(n)
+        sendbuf = MPI.IN_PLACE if in_place else send
+        verdicts = []
+        for call, op in itertools.product(range(3), [MPI.SUM, MPI.MAX]):
+            (recv if in_place else send)[:] = contribution(fresh.rank, n, np.float64, call)
+            reduce(fresh, sendbuf, recv, op=op, root=root)
+            verdicts.append(fresh.rank != root or np.array_equal(recv, reference(fresh.size, n, np.float64, op, call)))
+        return verdicts, lambda: reduce(fresh, sendbuf, recv, root=root)
+
+    assert_repeats_until_released(comm, algorithm, session, rooted=True)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_reduce_refuses_bad_buffers_ops_and_roots(algorithm):
-    reduce = REDUCE_ALGORITHMS[algorithm]
-    for sendbuf, recvbuf, op, error, message in refusals() + [(np.zeros(5), np.zeros(4), "sum", ValueError, "items")]:
-        with combination(algorithm, message), pytest.raises(error, match=message):
-            reduce(MPI.COMM_SELF, sendbuf, recvbuf, op=op)
-    for root, error, message in [(1, ValueError, "root 1"), (-1, ValueError, "root -1"), ("0", TypeError, "str")]:
-        with combination(algorithm, message), pytest.raises(error, match=message):
-            reduce(MPI.COMM_SELF, np.zeros(4), np.zeros(4), root=root)
+    reduce = partial(REDUCE_ALGORITHMS[algorithm], MPI.COMM_SELF)
+    assert_refusals(reduce, refusals() + [(np.zeros(5), np.zeros(4), "sum", ValueError, "items")], algorithm)
+    assert_refusals(lambda root: reduce(np.zeros(4), np.zeros(4), root=root),
+                    [(1, ValueError, "root 1"), (-1, ValueError, "root -1"), ("0", TypeError, "str")], algorithm)
 
 
 def test_auto_takes_the_binomial_tree_up_to_the_measured_thresholds():

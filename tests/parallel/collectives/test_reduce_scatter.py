@@ -1,35 +1,19 @@
 """The hand-written reduce-scatters against NumPy on any rank count, their plans and auto's choice."""
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_range
-from parallel.collectives.base import reduce_ufunc
 from parallel.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS
 from parallel.collectives.reduce_scatter.auto import LONG_BYTES, choose
 from tests.mpitools import all_ranks, combination
-from tests.parallel.collectives.test_allgather import DTYPES, exact_values, lengths, requests_released
-from tests.parallel.collectives.test_plans import _duplicate_without_plans
+from tests.parallel.collectives.collectives_tools import (DTYPES, assert_refusals, assert_repeats_until_released,
+                                                          contribution, lengths, ops_of, reference, refusals)
 
 ALGORITHMS = sorted(REDUCE_SCATTER_ALGORITHMS)
-
-
-def ops_of(dtype):
-    """The reductions a dtype is tested with: "sum", and "max" unless it is complex."""
-    return ["sum"] if np.dtype(dtype).kind == "c" else ["sum", "max"]
-
-
-def contribution(rank, n, dtype, call=0):
-    """Rank ``rank``'s exact input (small integers; a call number changes it, so a stale result shows)."""
-    return exact_values(n, dtype, seed=rank + 5 * call)
-
-
-def reference(p, n, dtype, op, call=0):
-    """The reduction over ``p`` ranks of `contribution`, in ``dtype`` (sums of uint8 wrap as the algorithms' do)."""
-    stacked = np.array([contribution(rank, n, dtype, call) for rank in range(p)]).reshape(p, n)
-    return reduce_ufunc(op).reduce(stacked, axis=0, dtype=dtype)
 
 
 def _reduce_scatter_matches(comm, reduce_scatter, n, dtype, in_place, op):
@@ -76,46 +60,27 @@ def test_reduce_scatter_of_random_floats_is_close_to_mpi(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_reduce_scatter_repeats_on_persistent_plans_until_released(comm, algorithm):
     reduce_scatter = REDUCE_SCATTER_ALGORITHMS[algorithm]
-    for n, in_place in itertools.product([1, comm.size + 1, 1003], [False, True]):
-        with combination(algorithm, f"n={n}", f"in_place={in_place}"), _duplicate_without_plans(comm) as fresh:
-            start, stop = block_range(n, fresh.size, fresh.rank)
-            full, block = np.empty(n), np.empty(stop - start)
-            sendbuf, recvbuf = (MPI.IN_PLACE, full) if in_place else (full, block)
-            verdicts = []
-            for call, op in itertools.product(range(3), [MPI.SUM, MPI.MAX]):
-                full[:] = contribution(fresh.rank, n, np.float64, call)
-                reduce_scatter(fresh, sendbuf, recvbuf, op=op)
-                result = full[start:stop] if in_place else block
-                verdicts.append(np.array_equal(result, reference(fresh.size, n, np.float64, op, call)[start:stop]))
-            released = requests_released(fresh, lambda: reduce_scatter(fresh, sendbuf, recvbuf))
-            assert all_ranks(fresh, all(verdicts) and released)
 
+    def session(fresh, n, in_place):
+        start, stop = block_range(n, fresh.size, fresh.rank)
+        full, block = np.empty(n), np.empty(stop - start)
+        sendbuf, recvbuf = (MPI.IN_PLACE, full) if in_place else (full, block)
+        verdicts = []
+        for call, op in itertools.product(range(3), [MPI.SUM, MPI.MAX]):
+            full[:] = contribution(fresh.rank, n, np.float64, call)
+            reduce_scatter(fresh, sendbuf, recvbuf, op=op)
+            result = full[start:stop] if in_place else block
+            verdicts.append(np.array_equal(result, reference(fresh.size, n, np.float64, op, call)[start:stop]))
+        return verdicts, lambda: reduce_scatter(fresh, sendbuf, recvbuf)
 
-def refusals():
-    """``(sendbuf, recvbuf, op, error, message)``: calls on one rank (vectors of 4 items) that every reducing
-    collective refuses, whatever its layout of ``recvbuf``."""
-    read_only = np.zeros(4)
-    read_only.setflags(write=False)
-    return [
-        (np.zeros(4, np.float32), np.zeros(4), "sum", TypeError, "float32"),
-        (np.zeros(4), read_only, "sum", ValueError, "read-only"),
-        (np.zeros(4, bool), np.zeros(4, bool), "sum", TypeError, "supported"),
-        (np.zeros((2, 2)), np.zeros(4), "sum", ValueError, "1-D"),
-        (np.zeros(8)[::2], np.zeros(4), "sum", ValueError, "contiguous"),
-        ([0.0] * 4, np.zeros(4), "sum", TypeError, "buffer"),
-        (np.zeros(4), np.zeros(4), "prod", ValueError, "unknown reduction op"),
-        (np.zeros(4), np.zeros(4), MPI.MIN, ValueError, "unknown reduction op"),
-        (np.zeros(4, complex), np.zeros(4, complex), "max", TypeError, "max"),
-    ]
+    assert_repeats_until_released(comm, algorithm, session)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_reduce_scatter_refuses_bad_buffers_and_ops(algorithm):
     wrong_lengths = [(np.zeros(5), np.zeros(4), "sum", ValueError, "block 0"),
                      (np.zeros(4), np.zeros(5), "sum", ValueError, "block 0")]
-    for sendbuf, recvbuf, op, error, message in refusals() + wrong_lengths:
-        with combination(algorithm, message), pytest.raises(error, match=message):
-            REDUCE_SCATTER_ALGORITHMS[algorithm](MPI.COMM_SELF, sendbuf, recvbuf, op=op)
+    assert_refusals(partial(REDUCE_SCATTER_ALGORITHMS[algorithm], MPI.COMM_SELF), refusals() + wrong_lengths, algorithm)
 
 
 def test_auto_takes_recursive_halving_up_to_the_measured_threshold_and_on_two_ranks():
