@@ -33,7 +33,8 @@ class Alltoall(CollectiveCase):
         super().check_point(comm, count, variant, in_place)
         if in_place and count % comm.size:
             raise InputError(f"alltoall in place needs equal blocks: {count} items do not divide over "
-                             f"{comm.size} ranks")
+                             f"{comm.size} ranks (give sizes of a multiple of ranks x itemsize, or "
+                             f"MLSCALE_COLL_IN_PLACE=0)")
         if in_place and variant == "nccl":
             raise InputError("nccl alltoall runs out of place only (MLSCALE_COLL_IN_PLACE=0)")
 

@@ -2,17 +2,21 @@
 import numpy as np
 
 from bench.models import terms
-from bench.models.base import Model
+from bench.models.collective import CollectiveModel
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 
 
-class AllreduceModel(Model):
+class AllreduceModel(CollectiveModel):
+    """The collectives' settings and rules (`bench.models.collective`); the algorithms are priced by
+    `bench.models.terms.allreduce`, not from their steps (``hierarchical`` composes sub-communicators)."""
+
     name = "allreduce"
-    variants = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS) + ("nccl",)
+    algorithms = dict.fromkeys(ALLREDUCE_ALGORITHMS)
+    reduces = True
     device_only_variants = {"nccl": "NCCL sums device buffers only (--backend cupy)"}
-    size_unit = "bytes"
 
     def problem_size(self, size, ranks, scaling):
+        """The vector every rank reduces: the same under weak scaling (each rank's share of the work)."""
         return size
 
     def predict(self, variant, size, ranks, calib):

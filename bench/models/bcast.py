@@ -10,6 +10,10 @@ class BcastModel(CollectiveModel):
     algorithms = BCAST_SCHEDULES
     rooted = True
 
+    def problem_size(self, size, ranks, scaling):
+        """The root's vector: the same under weak scaling (what each rank receives or sends)."""
+        return size
+
     def library(self, calib, nbytes, ranks):
         """MPI_Bcast by `bench.models.terms`."""
         return terms.bcast(calib, nbytes, ranks)

@@ -11,6 +11,10 @@ class ReduceModel(CollectiveModel):
     reduces = True
     rooted = True
 
+    def problem_size(self, size, ranks, scaling):
+        """The root's vector: the same under weak scaling (what each rank receives or sends)."""
+        return size
+
     def library(self, calib, nbytes, ranks):
         """MPI_Reduce by `bench.models.terms`."""
         return terms.reduce(calib, nbytes, ranks)

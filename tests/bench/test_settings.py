@@ -120,5 +120,7 @@ def test_list_survives_a_bad_value_of_one_suite_and_shows_declarations():
     rows = [line.split() for line in out.splitlines()]
     assert ["DP_MODEL", "mlp", "mlp|cnn|keras_cnn", "model"] == rows[-7][:4]
     assert ["DP_MICRO_BATCHES", "1", "integer", ">=", "1"] == rows[-1][:5]
-    status, out, _ = mlscale("list", "allreduce")
+    status, out, _ = mlscale("list", "p2p")
     assert status == 0 and out.splitlines()[-1] == "    settings: none"
+    status, out, _ = mlscale("list", "allreduce")
+    assert status == 0 and out.splitlines()[-1].split()[:3] == ["COLL_OP", "sum", "sum|max"]
