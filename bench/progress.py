@@ -9,7 +9,9 @@ How the time left is estimated (`estimate_point`): a point takes the wall time
 (set-up, warm-up, timed runs, check) measured for the same variant and size on
 another rank count when there is one (their mean); otherwise it is scaled from the
 variant's finished sizes as a power law through the two sizes nearest to it,
-``t = t0 (size / s0) ** e`` with ``e`` clamped to [0, 3] (one size only: ``e = 1``).
+``t = t0 (size / s0) ** e`` with ``e`` clamped to [0, 3]; from one size only, by the
+median of what the other variants took at ``size`` over their time at that size (a
+small size's fixed cost is no guide to a large one's), else ``e = 1``.
 The time left is shown once every variant still to run has finished a point.
 
 ``--time-limit``: before each point, the sweep stops when the time since it
@@ -72,6 +74,11 @@ def estimate_point(walls, variant, size):
         return None
     nearest = sorted(known, key=lambda item: abs(math.log(item[0] / size)))[:2]
     (s0, t0), exponent = nearest[0], 1.0
+    if len(nearest) == 1:  # as the other variants grew from s0 to size, if any ran both
+        ratios = sorted(sum(walls[v, size]) / len(walls[v, size]) / (sum(w) / len(w))
+                        for (v, s), w in walls.items() if s == s0 and v != variant and w and walls.get((v, size)))
+        if ratios:
+            return t0 * ratios[len(ratios) // 2]
     if len(nearest) == 2:
         (s1, t1) = nearest[1]
         exponent = math.log(max(t1, 1e-12) / max(t0, 1e-12)) / math.log(s1 / s0)

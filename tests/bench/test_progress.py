@@ -53,6 +53,9 @@ def test_an_unmeasured_size_follows_the_power_law_of_the_nearest_two():
     flat = {("p2p", 8): [1.0], ("p2p", 16): [1.0]}
     assert estimate_point(flat, "p2p", 1 << 20) == pytest.approx(1.0)  # latency-bound sizes stay flat
     assert estimate_point({("x", 10): [2.0]}, "x", 30) == pytest.approx(6.0)  # one size: linear
+    others = {("x", 8): [0.5], ("y", 8): [0.25], ("y", 1 << 24): [1.0], ("z", 8): [1.0], ("z", 1 << 24): [2.0],
+              ("w", 8): [1.0], ("w", 1 << 24): [3.0]}
+    assert estimate_point(others, "x", 1 << 24) == pytest.approx(1.5)  # one size: the others' median growth (3x)
 
 
 def test_the_exponent_is_clamped_to_0_and_3():
