@@ -24,13 +24,13 @@ SCHEMA_VERSION = 2
 
 COLUMNS = (
     "suite", "benchmark", "variant", "backend", "dtype", "ranks", "nodes", "threads",
-    "scaling", "size", "size_unit", "iters", "warmup", "t_min_s", "t_med_s", "t_max_s",
+    "scaling", "size", "size_unit", "iters", "warmup", "t_min_s", "t_med_s", "t_max_s", "spread", "stable",
     "gflops", "algbw_gbs", "busbw_gbs", "items_per_s", "metric", "metric_value", "wrong",
     "mpi_library", "device", "host", "timestamp", "params", "settings", "schema",
 )
 #: Columns added within schema 2: files written before them lack them, are still read (the
 #: field as empty) and resumed (new rows follow the file's own header).
-OPTIONAL_COLUMNS = ("device",)
+OPTIONAL_COLUMNS = ("device", "spread", "stable")
 
 #: The columns that identify a point: a row with the same values is not measured again.
 KEY_COLUMNS = ("suite", "benchmark", "variant", "backend", "dtype", "ranks", "threads", "scaling", "size",
@@ -53,8 +53,9 @@ def row_problem(row):
 
     Checks the field count, the schema version, the identity columns (non-empty,
     whole ``ranks`` >= 1, ``threads`` >= 1, ``size`` >= 0, ``scaling`` strong or
-    weak), the times (finite, > 0), the rates (empty or finite) and ``wrong``
-    (empty or a whole number >= 0).
+    weak), the times (finite, > 0), the rates (empty or finite), ``wrong``
+    (empty or a whole number >= 0), ``spread`` (empty or a number >= 0) and ``stable``
+    (empty, 0 or 1).
     """
     if None in row:
         return "more fields than the header"
@@ -79,6 +80,11 @@ def row_problem(row):
             return f"{column} {row[column]!r} is not a number"
     if row["wrong"] and not _is_count(row["wrong"], 0):
         return f"wrong {row['wrong']!r} is not a whole number >= 0"
+    spread = row.get("spread", "")
+    if spread and not (_number(spread) is not None and _number(spread) >= 0):
+        return f"spread {spread!r} is not a number >= 0"
+    if row.get("stable", "") not in ("", "0", "1"):
+        return f"stable {row['stable']!r} is not 0 or 1"
     return None
 
 

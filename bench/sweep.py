@@ -262,6 +262,7 @@ def _measure_point(sub, case, config, backend, variant, size):
         params["device_peak_bytes"] = sub.allreduce(peak.bytes(), op=MPI.MAX)
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
+        spread=round(timing.spread, 4), stable=int(timing.stable()),
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
         items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
         wrong=wrong, params=params, size_label=format_size(size),

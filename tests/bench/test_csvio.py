@@ -176,13 +176,14 @@ def test_an_invalid_row_is_not_done_so_its_point_is_measured_again(tmp_path):
     assert results.done == {point_key(point(8))}
 
 
-# -- files written before the device column -------------------------------------------------------
+# -- files written before the device, spread and stable columns ----------------------------------
 
-OLD_COLUMNS = tuple(column for column in COLUMNS if column != "device")
+OLD_COLUMNS = tuple(column for column in COLUMNS if column not in ("device", "spread", "stable"))
 
 
 def old_file(path, *points):
-    """A results file as mlscale wrote it before the ``device`` column (same schema version)."""
+    """A results file as mlscale wrote it before the ``device``, ``spread`` and ``stable`` columns (same
+    schema version)."""
     lines = [",".join(OLD_COLUMNS)] + [",".join(as_text(row)[column] for column in OLD_COLUMNS) for row in points]
     path.write_text("\n".join(lines) + "\n")
 
@@ -191,7 +192,8 @@ def test_a_file_without_the_device_column_is_read_with_the_field_empty(tmp_path)
     path = tmp_path / "old.csv"
     old_file(path, point(8))
     [(_, row)] = read_rows(str(path))
-    assert row["device"] == "" and row_problem(row) is None and row["size"] == "8"
+    assert (row["device"], row["spread"], row["stable"]) == ("", "", "") and row_problem(row) is None
+    assert row["size"] == "8"
 
 
 def test_a_file_without_the_device_column_is_resumed_in_its_own_columns(tmp_path):
@@ -199,7 +201,7 @@ def test_a_file_without_the_device_column_is_resumed_in_its_own_columns(tmp_path
     old_file(path, point(8))
     results, warnings = reopen(path)
     assert warnings == [] and results.done == {point_key(point(8))}
-    results.append(point(16, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)"))
+    results.append(point(16, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)", spread=0.5, stable=0))
     results.close()
     lines = path.read_text().splitlines()
     assert lines[0] == ",".join(OLD_COLUMNS) and len(lines[2].split(",")) == len(OLD_COLUMNS)
@@ -207,10 +209,18 @@ def test_a_file_without_the_device_column_is_resumed_in_its_own_columns(tmp_path
         ("8", "", None), ("16", "", None)]
 
 
-def test_a_new_file_records_the_device(tmp_path):
+def test_a_new_file_records_the_device_and_the_stability(tmp_path):
     path = tmp_path / "new.csv"
-    written(path, point(8, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)"), point(16))
-    assert [row["device"] for _, row in read_rows(str(path))] == ["NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)", ""]
+    written(path, point(8, device="NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)", spread=0.0123, stable=1), point(16))
+    assert [(row["device"], row["spread"], row["stable"]) for _, row in read_rows(str(path))] == [
+        ("NVIDIA H200 (CuPy 13.3.0, CUDA 12.4)", "0.0123", "1"), ("", "", "")]
+
+
+@pytest.mark.parametrize("column, value, problem", [
+    ("spread", "-0.1", "spread '-0.1' is not a number >= 0"), ("spread", "nan", "spread 'nan' is not a number >= 0"),
+    ("stable", "yes", "stable 'yes' is not 0 or 1"), ("stable", "2", "stable '2' is not 0 or 1")])
+def test_a_bad_stability_figure_makes_the_row_invalid(column, value, problem):
+    assert row_problem(dict(as_text(point(8)), **{column: value})) == problem
 
 
 # -- non-UTF-8 files -------------------------------------------------------------------------------

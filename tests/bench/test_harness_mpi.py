@@ -1,4 +1,5 @@
 """Timing and error agreement across the ranks of one job."""
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -31,6 +32,20 @@ def test_short_runs_are_repeated_within_a_sample(comm, seconds_per_run, repeats)
     timing = measure(comm, run, iters=3, warmup=1, clock=lambda: now[0])
     assert (timing.repeats, timing.iters) == (repeats, 3)
     assert timing.t_med == pytest.approx(seconds_per_run)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_spread_is_the_interquartile_range_of_the_slowest_ranks_samples_over_their_median(comm):
+    durations = iter([1.0, 1.0] + [1.0, 1.2, 1.1, 0.9, 5.0])  # warm-up and the agreed run, then five samples
+    now = [0.0]
+
+    def run():  # every rank's clock moves by the same scripted durations: no real time enters the test
+        now[0] += next(durations)
+
+    timing = measure(comm, run, iters=5, warmup=1, clock=lambda: now[0])
+    q25, q75 = np.percentile([1.0, 1.2, 1.1, 0.9, 5.0], [25, 75])
+    assert timing.t_med == pytest.approx(1.1) and timing.spread == pytest.approx((q75 - q25) / 1.1)
+    assert timing.stable() and not timing.stable(max_spread=0.1)  # the outlier at 5 s does not count
 
 
 def _fails_on_last_rank(comm, error):
