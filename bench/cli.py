@@ -127,6 +127,7 @@ def _first_line(case):
 
 def command_run(args, out, err):
     from bench.progress import EXIT_TIME_LIMIT, Console
+    from bench.stability import unstable_note, unstable_summary
     from bench.sweep import run_sweep
     from bench.table import format_header, format_row
 
@@ -144,6 +145,9 @@ def command_run(args, out, err):
     def emit(row):
         rows.append(row)
         say(format_row(row))
+        note = unstable_note(row, config.max_spread)
+        if note:
+            say(note)
 
     try:
         result = run_sweep(comm, case, config, emit, console.status)
@@ -153,6 +157,9 @@ def command_run(args, out, err):
         return EXIT_WRONG
     for note in result.skipped:
         say(f"# {note}")
+    summary = unstable_summary(sum(not row["stable"] for row in rows), len(rows), config.max_spread)
+    if summary:
+        say(summary)
     if comm.rank == 0 and not rows and not result.not_measured:
         say(f"# nothing measured: every point is already in {config.csv_path}")
     if result.not_measured:

@@ -12,6 +12,7 @@ from bench.case import parse_variants
 from bench.registry import case_class
 from bench.resources import check_job, check_local
 from bench.settings import resolve
+from bench.stability import MAX_SPREAD
 from bench.progress import parse_duration
 from bench.units import parse_ranks, parse_size, parse_sizes
 from kernels.backend import BACKENDS
@@ -41,6 +42,9 @@ def add_measure_options(parser):
                         default=argparse.SUPPRESS, help="check against the serial reference: 1 (default) or 0")
     parser.add_argument("--time-limit", metavar="DURATION",
                         help="stop between points before one would end past DURATION (90, 90s, 30m, 2h); exit 3")
+    parser.add_argument("--max-spread", type=float, metavar="X", default=MAX_SPREAD,
+                        help=f"a point is unstable when its samples' interquartile range over their median exceeds X "
+                             f"(default {MAX_SPREAD}; column stable); each is named as it is measured")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the suite, as MLSCALE_NAME=VALUE would give it (see `mlscale list SUITE`); "
                              "repeatable")
@@ -107,13 +111,15 @@ def make_config(args, job_size, comm=None):
             raise InputError(f"{name} must be >= 1, got {value}")
     if args.warmup is not None and args.warmup < 0:
         raise InputError(f"--warmup must be >= 0, got {args.warmup}")
+    if not 0 < args.max_spread < float("inf"):
+        raise InputError(f"--max-spread must be a number > 0, got {args.max_spread}")
     config = SweepConfig(
         suite=case.name, variants=variants, sizes=parse_sizes(args.sizes or case.default_sizes),
         ranks=parse_ranks(args.ranks, job_size) if args.ranks else [job_size],
         csv_path=args.csv or os.path.join("results", f"{case.name}.csv"), scaling=args.scaling,
         iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
-        time_limit=parse_duration(args.time_limit) if args.time_limit else None,
+        time_limit=parse_duration(args.time_limit) if args.time_limit else None, max_spread=args.max_spread,
     )
     if getattr(args, "command", None) == "sweep":
         plan_points(case, config)  # a variant no rank count can run is refused before the job starts

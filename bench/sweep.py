@@ -27,6 +27,7 @@ from bench.faults import (AGREED, AgreedInputError, abort_job, agree, agreed_err
                           uninterrupted)
 from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
+from bench.stability import MAX_SPREAD
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
@@ -55,6 +56,7 @@ class SweepConfig:
     check: bool = True
     variants_named: bool = False
     time_limit: Optional[float] = None
+    max_spread: float = MAX_SPREAD
 
 
 @dataclass
@@ -262,7 +264,7 @@ def _measure_point(sub, case, config, backend, variant, size):
         params["device_peak_bytes"] = sub.allreduce(peak.bytes(), op=MPI.MAX)
     return dict(
         iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
-        spread=round(timing.spread, 4), stable=int(timing.stable()),
+        spread=round(timing.spread, 4), stable=int(timing.stable(config.max_spread)),
         gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
         items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
         wrong=wrong, params=params, size_label=format_size(size),

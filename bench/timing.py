@@ -5,15 +5,12 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from bench import stability
+
 #: A timed sample repeats the work until it lasts at least this long, so that
 #: microsecond operations are not lost in barrier skew and timer overhead.
 MIN_SAMPLE_SECONDS = 1e-3
 MAX_REPEATS = 1000
-#: A point is stable when its `Timing.spread` is at most this (see `stable`). Measured here (2 cores,
-#: ``mlscale sweep allreduce --np 2 --sizes 8,64K,1M,16M``): quiet, 28 points, spread median 0.063,
-#: largest 0.14; beside two CPU-bound processes, 12 points, median 1.19, largest 2.25 (4 below 0.25,
-#: the 8-byte points whose samples average many runs).
-MAX_SPREAD = 0.25
 
 
 @dataclass
@@ -21,10 +18,8 @@ class Timing:
     """Seconds per run of the slowest rank: minimum, median and maximum over iterations.
 
     ``repeats`` is how many runs each timed sample averaged (1 unless one run is
-    shorter than `MIN_SAMPLE_SECONDS`). ``spread`` is the relative spread of the
-    central samples: their interquartile range over the median, ``(q75 - q25) / t_med``
-    (NumPy's linear percentiles; 0 for one sample): insensitive to a few outliers, so it
-    says whether the median itself moved from sample to sample.
+    shorter than `MIN_SAMPLE_SECONDS`). ``spread``: the samples' interquartile range
+    over their median (`bench.stability.spread`).
     """
 
     t_min: float
@@ -35,7 +30,7 @@ class Timing:
     repeats: int
     spread: float = 0.0
 
-    def stable(self, max_spread=MAX_SPREAD):
+    def stable(self, max_spread=stability.MAX_SPREAD):
         """Whether the point's samples agree: `spread` at most ``max_spread``."""
         return self.spread <= max_spread
 
@@ -92,14 +87,12 @@ def measure(comm, run, iters, warmup, synchronize=None, clock=MPI.Wtime):
         samples[index] = (clock() - start) / repeats
     slowest = np.empty_like(samples)
     comm.Allreduce(samples, slowest, op=MPI.MAX)
-    median = float(np.median(slowest))
-    lower, upper = np.percentile(slowest, [25, 75])
     return Timing(
         t_min=float(slowest.min()),
-        t_med=median,
+        t_med=float(np.median(slowest)),
         t_max=float(slowest.max()),
         iters=iters,
         warmup=warmup,
         repeats=repeats,
-        spread=float((upper - lower) / median) if median > 0 else 0.0,
+        spread=stability.spread(slowest),
     )

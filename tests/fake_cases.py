@@ -151,3 +151,26 @@ class HangsAfterTheFirstPoint(TinyCase):
         while size > 1:
             time.sleep(0.1)
         return comm
+
+
+class Jittery(TinyCase):
+    """Runs alternate between 2 ms and 40 ms of sleep: the samples' interquartile range is about their median,
+    far above any --max-spread a test gives below 5, however busy the machine (load only lengthens runs)."""
+
+    def iterations(self, size):
+        return 6, 0
+
+    def setup(self, comm, size, variant, backend, dtype):
+        return {"comm": comm, "runs": 0}
+
+    def run(self, state):
+        import time
+
+        state["runs"] += 1
+        time.sleep(0.04 if state["runs"] % 2 else 0.002)
+
+    def check(self, state):
+        return 0
+
+    def metrics(self, state, seconds):
+        return Metrics(items_per_s=1 / seconds)
