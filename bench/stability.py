@@ -4,15 +4,35 @@ A point's ``spread`` is the interquartile range of the slowest rank's samples ov
 median, ``(q75 - q25) / t_med`` (NumPy's linear percentiles; 0 for one sample): a few
 outliers do not move it, so it says whether the median itself moved from sample to
 sample. A point is stable when its spread is at most ``--max-spread`` (`MAX_SPREAD` by
-default); every row records both (CSV columns ``spread`` and ``stable``). No MPI here:
-the command line reads `MAX_SPREAD` before any job starts.
+default); every row records both (CSV columns ``spread`` and ``stable``).
+
+An unstable point is sampled again before it is judged (`Resampling`, `bench.timing.measure`):
+batches of as many samples as the point's ``--iters`` until the spread of all its samples
+is within the threshold, or it holds `SAMPLES_FACTOR` times ``--iters`` samples, or the
+extra sampling has taken ``--max-point-seconds`` (`MAX_POINT_SECONDS`; 0: never). No MPI
+here: the command line reads these before any job starts.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 #: The default ``--max-spread``. Measured here (2 cores, ``mlscale sweep allreduce --np 2 --sizes
 #: 8,64K,1M,16M``): quiet, 28 points, spread median 0.063, largest 0.14; beside two CPU-bound processes,
 #: 12 points, median 1.19, largest 2.25 (4 below 0.25: 8-byte points whose samples average many runs).
 MAX_SPREAD = 0.25
+#: The default ``--max-point-seconds``: extra sampling of one unstable point at most this long.
+MAX_POINT_SECONDS = 2.0
+#: An unstable point takes at most this many times its ``--iters`` samples in all.
+SAMPLES_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How a point whose samples spread more than ``max_spread`` is sampled again (see the module)."""
+
+    max_spread: float = MAX_SPREAD
+    max_seconds: float = MAX_POINT_SECONDS
+    factor: int = SAMPLES_FACTOR
 
 
 def spread(samples):

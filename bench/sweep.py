@@ -27,7 +27,7 @@ from bench.faults import (AGREED, AgreedInputError, abort_job, agree, agreed_err
                           uninterrupted)
 from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
-from bench.stability import MAX_SPREAD
+from bench.stability import MAX_POINT_SECONDS, MAX_SPREAD, Resampling
 from bench.timing import measure
 from bench.units import format_size
 from kernels.backend import get_backend
@@ -57,6 +57,7 @@ class SweepConfig:
     variants_named: bool = False
     time_limit: Optional[float] = None
     max_spread: float = MAX_SPREAD
+    max_point_seconds: float = MAX_POINT_SECONDS
 
 
 @dataclass
@@ -257,7 +258,8 @@ def _measure_point(sub, case, config, backend, variant, size):
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
         with failing_together(sub):  # the same error on every rank: one line; on some ranks alone: abort
-            timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize)
+            timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize,
+                             resampling=Resampling(config.max_spread, config.max_point_seconds))
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
         wrong = sub.allreduce(wrong) if config.check else None
     if peak.on_device:
@@ -299,4 +301,5 @@ def _conclude(case, state, problem, timing, check):
     """This rank's wrong elements (None unchecked), the point's metrics and params."""
     wrong = case.check(state) if check else None
     metrics = case.metrics(state, timing.t_med)  # before params: cases may gather figures there
-    return wrong, metrics, dict(case.params(state), problem_size=problem, repeats=timing.repeats)
+    extra = {"samples": timing.samples} if timing.samples > timing.iters else {}  # sampled again: it was unstable
+    return wrong, metrics, dict(case.params(state), problem_size=problem, repeats=timing.repeats, **extra)

@@ -8,6 +8,7 @@ from bench.local_rates import FULL, QUICK
 from bench.provenance import mpi_library, placement
 from bench.report.model import KEYS
 from bench.faults import RankError, agree
+from bench.stability import Resampling
 from bench.timing import measure
 from kernels.errors import InputError
 
@@ -46,6 +47,26 @@ def test_the_spread_is_the_interquartile_range_of_the_slowest_ranks_samples_over
     q25, q75 = np.percentile([1.0, 1.2, 1.1, 0.9, 5.0], [25, 75])
     assert timing.t_med == pytest.approx(1.1) and timing.spread == pytest.approx((q75 - q25) / 1.1)
     assert timing.stable() and not timing.stable(max_spread=0.1)  # the outlier at 5 s does not count
+
+
+@pytest.mark.mpi(min_size=1)
+def test_an_unstable_point_is_sampled_again_until_stable_or_a_cap(comm):
+    """Two samples of 1 s and 5 s (spread 0.67), then 1 s samples: stable at six samples, unless a cap stops
+    it first (the extra time, or ten times --iters)."""
+    def timed(resampling):
+        durations = iter([1.0, 1.0, 1.0, 5.0] + [1.0] * 40)
+        now = [0.0]
+
+        def run():  # the clock moves only by the scripted durations, the same on every rank
+            now[0] += next(durations)
+        return measure(comm, run, iters=2, warmup=1, clock=lambda: now[0], resampling=resampling)
+
+    for resampling, samples, stable in [
+            (None, 2, False), (Resampling(0.25, 100.0), 6, True), (Resampling(0.25, 1.5), 4, False),
+            (Resampling(0.25, 100.0, factor=2), 4, False), (Resampling(1.0, 100.0), 2, True)]:
+        timing = timed(resampling)
+        assert (timing.samples, timing.iters, timing.stable(resampling.max_spread if resampling else 0.25)) == (
+            samples, 2, stable), resampling
 
 
 def _fails_on_last_rank(comm, error):
