@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 
 from kernels.errors import InputError
 
@@ -101,6 +102,17 @@ def _is_count(text, minimum):
     return text.strip().isdigit() and int(text) >= minimum
 
 
+def latest_rows(rows):
+    """The valid rows of ``rows`` (``(line number, row)`` pairs, as `read_rows` gives them), the last one of each
+    point: a point measured again (``--remeasure-unstable``) replaces its earlier row."""
+    latest = {}
+    for _, row in rows:
+        if row_problem(row) is None:
+            latest.pop(point_key(row), None)
+            latest[point_key(row)] = row
+    return list(latest.values())
+
+
 def read_rows(path):
     """The rows of a results CSV as ``(line number, row dict)`` pairs, rows of any validity.
 
@@ -156,13 +168,18 @@ class ResultsFile:
     checks that the file is UTF-8 with this schema's header, removes a partial last
     row after saying so through ``warn`` (one line; default: stderr), and writes the
     header into a new file. `done` holds the keys of the valid points already in the
-    file; `columns` is its header, which new rows follow (a file older than one of the
-    `OPTIONAL_COLUMNS` goes on without it). Every problem is an `InputError` naming the file.
+    file (with ``remeasure_unstable``, not those whose last row says ``stable`` 0:
+    they are measured again, and `close` writes the file anew with the last row of each
+    point, through a temporary file renamed over it, so a crash leaves the old file or
+    the new one whole); `columns` is its header, which new rows follow (a file older than
+    one of the `OPTIONAL_COLUMNS` goes on without it). Every problem is an `InputError`
+    naming the file.
     """
 
-    def __init__(self, path, warn=_stderr_line):
+    def __init__(self, path, warn=_stderr_line, remeasure_unstable=False):
         self.path = path
         self._warn = warn
+        self._remeasure, self._replaced = remeasure_unstable, False
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
@@ -210,7 +227,9 @@ class ResultsFile:
             self._truncate(complete)
         if not complete:
             self._write(header)
-        return {point_key(row) for _, row in rows if row_problem(row) is None}
+        latest = latest_rows(rows)
+        self.unstable = {point_key(row) for row in latest if row.get("stable") == "0"} if self._remeasure else set()
+        return {point_key(row) for row in latest} - self.unstable
 
     def _read_all(self):
         chunks = []
@@ -248,12 +267,38 @@ class ResultsFile:
         row["params"] = json.dumps(row.get("params") or {}, sort_keys=True)
         self._write(_csv_line([_format(row.get(column)) for column in self.columns]).encode())
         self.done.add(point_key(row))
+        self._replaced |= point_key(row) in self.unstable
 
     def close(self):
-        """Release the lock and the file (again: nothing)."""
+        """Write the file anew if a point replaced its row, then release the lock and the file (again: nothing)."""
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            try:
+                if self._replaced:
+                    self._rewrite_latest()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def _rewrite_latest(self):
+        """The file with the last row of each point only, written to a temporary file renamed over it."""
+        columns, rows = _parse(self.path, _decode(self.path, self._read_all()))
+        kept = {id(row) for row in latest_rows(rows)}
+        lines = [_csv_line(columns)] + [_csv_line([row[column] for column in columns]) for _, row in rows
+                                         if id(row) in kept or row_problem(row) is not None]
+        folder = os.path.dirname(os.path.abspath(self.path))
+        handle, temporary = tempfile.mkstemp(prefix=".results-", suffix=".csv", dir=folder)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write("".join(lines).encode())
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temporary, os.fstat(self._fd).st_mode & 0o777)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise InputError(f"cannot write {self.path} with the points measured again: {error.strerror}; "
+                             "it keeps both rows of each (the last one counts)") from None
 
 
 def _format(value):

@@ -49,6 +49,8 @@ def add_measure_options(parser):
                         help=f"an unstable point takes more samples (batches of --iters, at most {SAMPLES_FACTOR} "
                              f"times --iters) for at most S more seconds before it is judged (default "
                              f"{MAX_POINT_SECONDS:g}; 0: never)")
+    parser.add_argument("--remeasure-unstable", action="store_true",
+                        help="measure again the points of --csv whose rows say stable 0, replacing their rows")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the suite, as MLSCALE_NAME=VALUE would give it (see `mlscale list SUITE`); "
                              "repeatable")
@@ -126,7 +128,7 @@ def make_config(args, job_size, comm=None):
         iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
         time_limit=parse_duration(args.time_limit) if args.time_limit else None, max_spread=args.max_spread,
-        max_point_seconds=args.max_point_seconds,
+        max_point_seconds=args.max_point_seconds, remeasure_unstable=args.remeasure_unstable,
     )
     if getattr(args, "command", None) == "sweep":
         plan_points(case, config)  # a variant no rank count can run is refused before the job starts

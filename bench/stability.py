@@ -54,5 +54,5 @@ def unstable_summary(unstable, total, max_spread):
     """The closing line of a sweep with ``unstable`` of its ``total`` points unstable, or None when none was."""
     if not unstable:
         return None
-    return (f"# {unstable} of {total} points unstable (spread > {max_spread:g}): their times moved between "
-            f"samples; measure them again on a quieter node, or with more --iters")
+    return (f"# {unstable} of {total} points unstable (spread > {max_spread:g}); run the same command with "
+            f"--remeasure-unstable to measure them again (on a quieter node, or with more --iters)")

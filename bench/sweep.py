@@ -58,6 +58,7 @@ class SweepConfig:
     time_limit: Optional[float] = None
     max_spread: float = MAX_SPREAD
     max_point_seconds: float = MAX_POINT_SECONDS
+    remeasure_unstable: bool = False
 
 
 @dataclass
@@ -135,7 +136,7 @@ def run_sweep(comm, case, config, emit, show=None):
     results, error = None, None
     if comm.rank == 0:
         try:
-            results = ResultsFile(config.csv_path)
+            results = ResultsFile(config.csv_path, remeasure_unstable=config.remeasure_unstable)
         except InputError as failure:
             error = ("input", str(failure))
     error = comm.bcast(error, root=0)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import bench.csvio
-from bench.csvio import COLUMNS, ResultsFile, point_key, read_rows, row_problem
+from bench.csvio import COLUMNS, ResultsFile, latest_rows, point_key, read_rows, row_problem
 from kernels.errors import InputError
 from tests.clitools import MPIEXEC, ROOT, TIMEOUT, mlscale, rows_of
 
@@ -221,6 +221,45 @@ def test_a_new_file_records_the_device_and_the_stability(tmp_path):
     ("stable", "yes", "stable 'yes' is not 0 or 1"), ("stable", "2", "stable '2' is not 0 or 1")])
 def test_a_bad_stability_figure_makes_the_row_invalid(column, value, problem):
     assert row_problem(dict(as_text(point(8)), **{column: value})) == problem
+
+
+# -- measuring unstable points again ---------------------------------------------------------------
+
+def test_unstable_points_are_measured_again_and_their_rows_replaced(tmp_path):
+    path = tmp_path / "r.csv"
+    written(path, point(8, stable=1), point(16, stable=0, seconds=2e-3), point(32))  # 32: before the column
+    results, _ = reopen(path)
+    assert results.done == {point_key(point(size)) for size in (8, 16, 32)}
+    results.close()
+    with ResultsFile(str(path), remeasure_unstable=True) as results:
+        assert results.done == {point_key(point(8)), point_key(point(32))}
+        results.append(point(16, stable=1, seconds=1e-3))
+    assert [(row["size"], row["stable"], row["t_med_s"]) for _, row in read_rows(str(path))] == [
+        ("8", "1", "0.001"), ("32", "", "0.001"), ("16", "1", "0.001")]
+    assert (path.stat().st_mode & 0o777, os.listdir(tmp_path)) == (0o666 & ~_umask(), ["r.csv"])
+
+
+def test_a_failed_rewrite_keeps_both_rows_and_the_last_one_counts(tmp_path, monkeypatch):
+    path = tmp_path / "r.csv"
+    written(path, point(8, stable=0, seconds=2e-3))
+    results = ResultsFile(str(path), remeasure_unstable=True)
+    results.append(point(8, stable=1))
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(bench.csvio.os, "replace", disk_full)
+    with pytest.raises(InputError, match="No space left on device; it keeps both rows of each .the last one counts.$"):
+        results.close()
+    rows = read_rows(str(path))
+    assert len(rows) == 2 and [row["stable"] for row in latest_rows(rows)] == ["1"] and os.listdir(tmp_path) == [
+        "r.csv"]
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # -- non-UTF-8 files -------------------------------------------------------------------------------
