@@ -127,6 +127,7 @@ def _first_line(case):
 
 def command_run(args, out, err):
     from bench.progress import EXIT_TIME_LIMIT, Console
+    from bench.load import busy, busy_summary
     from bench.stability import unstable_note, unstable_summary
     from bench.sweep import run_sweep
     from bench.table import format_header, format_row
@@ -157,9 +158,10 @@ def command_run(args, out, err):
         return EXIT_WRONG
     for note in result.skipped:
         say(f"# {note}")
-    summary = unstable_summary(sum(not row["stable"] for row in rows), len(rows), config.max_spread)
-    if summary:
-        say(summary)
+    for summary in (unstable_summary(sum(not row["stable"] for row in rows), len(rows), config.max_spread),
+                    busy_summary(sum(busy(row["params"].get("load")) for row in rows), len(rows))):
+        if summary:
+            say(summary)
     if comm.rank == 0 and not rows and not result.not_measured:
         say(f"# nothing measured: every point is already in {config.csv_path}")
     if result.not_measured:

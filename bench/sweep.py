@@ -25,6 +25,7 @@ from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
 from bench.faults import (AGREED, AgreedInputError, abort_job, agree, agreed_error, failing_together, sleeping_barrier,
                           uninterrupted)
+from bench.load import PointLoad
 from bench.progress import Progress
 from bench.provenance import DevicePeak, device_description, mpi_library, placement
 from bench.stability import MAX_POINT_SECONDS, MAX_SPREAD, Resampling
@@ -192,15 +193,26 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
         result.note(where.note)
     threads = config.threads or max(1, (os.cpu_count() or 1) // where.ranks_here)
     settings = agree(sub, case.settings.column)
-    wrong_total = 0
     available = _available(sub, case, config, backend, variants, result)
     if progress:
         progress.drop(sub.size, set(variants) - set(available))
+    node = sub.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return _measure_points(sub, node, threads, case, config, backend, results, provenance, available, emit,
+                               progress, where.nodes, settings)
+    finally:
+        node.Free()
+
+
+def _measure_points(sub, node, threads, case, config, backend, results, provenance, available, emit, progress,
+                    nodes, settings):
+    """The points of `_measure_rank_count` (``node``: this rank's node communicator)."""
+    wrong_total = 0
     for variant in available:
         for size in config.sizes:
             base = dict(
                 suite=case.name, benchmark=case.benchmark, variant=variant, backend=config.backend,
-                dtype=config.dtype, ranks=sub.size, nodes=where.nodes, threads=threads,
+                dtype=config.dtype, ranks=sub.size, nodes=nodes, threads=threads,
                 scaling=config.scaling, size=size, size_unit=case.size_unit, settings=settings,
             )
             if sub.bcast(results is not None and point_key(base) in results.done, root=0):
@@ -210,7 +222,7 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
             if not sub.bcast(progress and progress.begin(), root=0):
                 return wrong_total
             with threadpool_limits(limits=threads):
-                row = _measure_point(sub, case, config, backend, variant, size)
+                row = _measure_point(sub, node, threads, case, config, backend, variant, size)
             if progress:
                 progress.finish()
             wrong_total += row["wrong"] or 0
@@ -249,7 +261,7 @@ def _record(results, row, emit):
     emit(row)
 
 
-def _measure_point(sub, case, config, backend, variant, size):
+def _measure_point(sub, node, threads, case, config, backend, variant, size):
     """Set up, time, check and tear down one point on every rank of ``sub``; return its row.
 
     Set-up, check, metrics and teardown go through `agree`; an error inside the
@@ -258,10 +270,13 @@ def _measure_point(sub, case, config, backend, variant, size):
     peak = DevicePeak(backend)
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
+        load = PointLoad(sub, node, threads)
         with failing_together(sub):  # the same error on every rank: one line; on some ranks alone: abort
             timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize,
                              resampling=Resampling(config.max_spread, config.max_point_seconds))
+        load = load.finish()
         wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
+        params["load"] = load
         wrong = sub.allreduce(wrong) if config.check else None
     if peak.on_device:
         params["device_peak_bytes"] = sub.allreduce(peak.bytes(), op=MPI.MAX)

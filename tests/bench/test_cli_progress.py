@@ -108,8 +108,8 @@ def test_each_unstable_point_is_named_as_it_is_measured_and_counted_at_the_end(t
     status, out, err = mlscale("sweep", "tests.fake_cases:Jittery", "--np", "1", "--sizes", "1,2", "--csv", path)
     assert status == 0, err
     assert out.count("# unstable: only size=") == 2 and "spread" in out and "> 0.25" in out
-    assert out.rstrip().endswith("# 2 of 2 points unstable (spread > 0.25); run the same command with "
-                                 "--remeasure-unstable to measure them again (on a quieter node, or with more --iters)")
+    assert ("# 2 of 2 points unstable (spread > 0.25); run the same command with --remeasure-unstable to measure "
+            "them again (on a quieter node, or with more --iters)") in out.splitlines()
     assert [(row["stable"], float(row["spread"]) > 0.25) for row in rows_of(path)] == [("0", True)] * 2
     status, out, err = mlscale("sweep", "tests.fake_cases:Jittery", "--np", "1", "--sizes", "1,2,3", "--csv", path,
                                "--max-spread", "1000", "--remeasure-unstable", "--max-point-seconds", "0")

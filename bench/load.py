@@ -1,0 +1,90 @@
+"""The load on a point's nodes while it was measured: what else ran there, recorded with every row.
+
+Around each point (`PointLoad`), the first rank of every node reads the node's CPU time
+(``/proc/stat``: busy = user + nice + system + irq + softirq + steal, in clock ticks) and its
+runnable tasks (``/proc/loadavg``), and every rank its own process's CPU time (`os.times`,
+its BLAS threads included). What the node's CPUs spent beyond the job's own processes is
+CPU time taken by processes outside the job; over the point's wall time and the node's
+cores it is the share of the node they took (``others``, 0 to 1). The row's params get
+``load`` = ``{"others": the largest share of any node, "runnable": the most runnable tasks
+of any node at the start, "cores": that node's cores, "oversubscribed": whether ranks x
+threads exceed the cores of some node}``. Where ``/proc`` cannot be read (not Linux), the
+figures are None. A point where ``others`` exceeds `BUSY_SHARE`, or that oversubscribes a
+node, counts as measured on a busy node (`busy`; the sweep's closing line counts them).
+
+Communication per point: one ``Split_type`` (made once per rank count by the caller: the
+node communicator), two reductions of a few numbers on it and one allgather on the point's
+communicator.
+"""
+import os
+import time
+
+#: Other processes taking more than this share of a node's cores make its point "busy".
+BUSY_SHARE = 0.1
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal
+
+
+def node_cpu_seconds():
+    """Seconds of CPU time the node spent busy since boot (``/proc/stat``), or None where unreadable."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()[1:]
+        return sum(int(fields[index]) for index in _BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def runnable_tasks():
+    """Tasks runnable now on this node (the fourth field of ``/proc/loadavg``, before the slash), or None."""
+    try:
+        with open("/proc/loadavg") as handle:
+            return int(handle.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _own_cpu_seconds():
+    times = os.times()
+    return times.user + times.system
+
+
+class PointLoad:
+    """Collective: made on every rank of ``comm`` (``node``: its ranks on this node) before a point, `finish`
+    after it; ``threads`` is the BLAS threads per rank."""
+
+    def __init__(self, comm, node, threads):
+        self.comm, self.node, self.threads = comm, node, threads
+        self.leader = node.rank == 0
+        self.start_wall, self.start_own = time.monotonic(), _own_cpu_seconds()
+        self.start_node = node_cpu_seconds() if self.leader else None
+        self.runnable = runnable_tasks() if self.leader else None
+
+    def finish(self):
+        """The point's ``load`` params (see the module), the same on every rank."""
+        own = self.node.allreduce(_own_cpu_seconds() - self.start_own)
+        wall = time.monotonic() - self.start_wall
+        cores = os.cpu_count() or 1
+        others = None
+        if self.leader:
+            end_node = node_cpu_seconds()
+            if self.start_node is not None and end_node is not None and wall > 0:
+                others = min(1.0, max(0.0, (end_node - self.start_node - own) / (wall * cores)))
+        nodes = [entry for entry in self.comm.allgather(
+            (others, self.runnable, cores, self.node.size * self.threads) if self.leader else None) if entry]
+        shares = [share for share, *_ in nodes if share is not None]
+        busiest = max(nodes, key=lambda entry: entry[1] if entry[1] is not None else -1)
+        return {"others": round(max(shares), 3) if shares else None, "runnable": busiest[1], "cores": busiest[2],
+                "oversubscribed": any(used > cores for _, _, cores, used in nodes)}
+
+
+def busy(load):
+    """Whether a point's ``load`` params say its node was busy: others above `BUSY_SHARE`, or oversubscribed."""
+    return bool(load) and ((load.get("others") or 0) > BUSY_SHARE or bool(load.get("oversubscribed")))
+
+
+def busy_summary(busy_points, total):
+    """The closing line of a sweep with ``busy_points`` of its ``total`` points on a busy node, or None."""
+    if not busy_points:
+        return None
+    return (f"# {busy_points} of {total} points ran on a busy node (other processes took over {BUSY_SHARE:.0%} of its "
+            f"cores, or ranks x threads exceeded them: params load); their times may not be the machine's")

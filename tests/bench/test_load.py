@@ -1,0 +1,61 @@
+"""The load on a point's nodes (bench.load): what other processes took, recorded with every row."""
+import builtins
+import json
+import os
+
+import pytest
+
+from bench.load import BUSY_SHARE, PointLoad, busy, busy_summary, node_cpu_seconds, runnable_tasks
+from tests.clitools import mlscale, rows_of
+from tests.mpitools import all_ranks
+
+
+def test_the_node_figures_come_from_proc_and_are_none_where_it_cannot_be_read(monkeypatch):
+    seconds, tasks = node_cpu_seconds(), runnable_tasks()
+    assert seconds > 0 and tasks >= 1  # this process is running
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    assert (node_cpu_seconds(), runnable_tasks()) == (None, None)
+
+
+def test_busy_means_others_above_the_share_or_more_threads_than_cores():
+    assert not busy(None) and not busy({}) and not busy({"others": None, "oversubscribed": False})
+    assert not busy({"others": BUSY_SHARE, "oversubscribed": False})
+    assert busy({"others": BUSY_SHARE + 0.01, "oversubscribed": False}) and busy({"others": 0, "oversubscribed": True})
+    assert busy_summary(0, 5) is None
+    assert busy_summary(2, 5).startswith("# 2 of 5 points ran on a busy node (other processes took over 10% of its")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_every_rank_gets_the_same_load_and_more_threads_than_cores_oversubscribe(comm):
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        for threads in (1, (os.cpu_count() or 1) + 1):
+            figures = PointLoad(comm, node, threads).finish()
+            assert all_ranks(comm, comm.allgather(figures) == [figures] * comm.size)
+            assert set(figures) == {"others", "runnable", "cores", "oversubscribed"}
+            assert figures["others"] is None or 0 <= figures["others"] <= 1
+            expected = any(size * threads > (os.cpu_count() or 1) for size in comm.allgather(node.size))
+            assert figures["oversubscribed"] == expected
+    finally:
+        node.Free()
+
+
+def test_a_sweep_records_the_load_of_each_point_and_counts_the_busy_ones(tmp_path):
+    path = str(tmp_path / "load.csv")
+    threads = str((os.cpu_count() or 1) + 1)  # more BLAS threads than cores: oversubscribed, whatever else runs
+    status, out, err = mlscale("sweep", "tests.fake_cases:TinyCase", "--np", "1", "--sizes", "1,2", "--threads",
+                               threads, "--force", "--csv", path)
+    assert status == 0, err
+    loads = [json.loads(row["params"])["load"] for row in rows_of(path)]
+    assert [figures["oversubscribed"] for figures in loads] == [True, True]
+    assert all(figures["cores"] == os.cpu_count() for figures in loads)
+    assert "# 2 of 2 points ran on a busy node" in out
