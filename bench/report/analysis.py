@@ -6,7 +6,7 @@ JSON document (`bench.report.output`): plain numbers, no formatting.
 """
 from collections import defaultdict
 
-from bench.report.scaling import COMMUNICATION, GROUP, reference_variant
+from bench.report.scaling import COMMUNICATION, GROUP, reference_variant, unstable
 from bench.report.tables import batch_size_tables, communication_tables
 
 #: Most sizes a digest shows (the smallest, the largest and evenly spread ones between).
@@ -47,13 +47,18 @@ def digest(entries, reference, kind):
     """The best variant per size and rank count and its ratio to ``reference`` (T_ref / T_best).
 
     Only variants compared with the reference take part (``vs_ref`` known, or the
-    reference itself). In a communication suite only rank counts >= 2 count (one
-    rank sends nothing), and a suite where no other variant is comparable (``p2p``:
-    latency and bandwidth measure different things) has no digest table. Returns
-    one dict per combination of `DIGEST_GROUP` values: ``group`` (those values),
-    ``ranks`` (the rank counts), ``sizes`` (at most `DIGEST_SIZES`, spread),
-    ``sizes_measured`` and ``cells`` (``"size ranks"`` -> ``{"variant", "t_med_s",
-    "vs_ref", "efficiency"}``; efficiency None in communication suites).
+    reference itself), and only stable points (`bench.report.scaling.unstable`;
+    unknown counts as stable): an unstable one is left out and counted. A cell's
+    ratio is None when the reference's point there was unstable. In a
+    communication suite only rank counts >= 2 count (one rank sends nothing), and
+    a suite where no other variant is comparable (``p2p``: latency and bandwidth
+    measure different things) has no digest table. Returns one dict per
+    combination of `DIGEST_GROUP` values: ``group`` (those values), ``ranks`` (the
+    rank counts), ``sizes`` (at most `DIGEST_SIZES`, spread), ``sizes_measured``,
+    ``unstable_left_out`` (how many unstable points the cells leave out),
+    ``unstable_cells`` (how many cells had no stable point: absent from ``cells``)
+    and ``cells`` (``"size ranks"`` -> ``{"variant", "t_med_s", "vs_ref",
+    "efficiency"}``; efficiency None in communication suites).
     """
     comparable = [e for e in entries if (e["variant"] == reference or e["vs_ref"] is not None)
                   and (kind != COMMUNICATION or e["ranks"] >= 2)]
@@ -64,19 +69,27 @@ def digest(entries, reference, kind):
         groups[tuple(entry[c] for c in DIGEST_GROUP)].append(entry)
     tables = []
     for key, members in groups.items():
-        best = {}
-        for entry in members:
+        best, cells = {}, {(int(e["size"]), e["ranks"]) for e in members}
+        for entry in (e for e in members if not unstable(e)):
             cell = (int(entry["size"]), entry["ranks"])
             if cell not in best or entry["t_med_s"] < best[cell]["t_med_s"]:
                 best[cell] = entry
-        sizes = sorted({size for size, _ in best})
+        sizes = sorted({size for size, _ in cells})
         tables.append(dict(
-            group=dict(zip(DIGEST_GROUP, key)), ranks=sorted({ranks for _, ranks in best}),
+            group=dict(zip(DIGEST_GROUP, key)), ranks=sorted({ranks for _, ranks in cells}),
             sizes=spread(sizes, DIGEST_SIZES), sizes_measured=len(sizes),
+            unstable_left_out=sum(map(unstable, members)), unstable_cells=len(cells) - len(best),
             cells={f"{size} {ranks}": dict(variant=e["variant"], t_med_s=e["t_med_s"], efficiency=e["efficiency"],
-                                           vs_ref=1.0 if e["variant"] == reference else e["vs_ref"])
+                                           vs_ref=_digest_ratio(e, reference))
                    for (size, ranks), e in best.items()}))
     return tables
+
+
+def _digest_ratio(entry, reference):
+    """A stable point's T_ref / T in the digest: 1 for the reference, None when the reference's point was unstable."""
+    if entry["variant"] == reference:
+        return 1.0
+    return None if entry["ref_stable"] is False else entry["vs_ref"]
 
 
 def spread(values, most):
@@ -91,11 +104,11 @@ def spread(values, most):
 def superlinear(entries, model):
     """Points of a compute suite more than `SUPERLINEAR_EFFICIENCY` efficient, each with a reason.
 
-    The reason is the suite's own (its model's ``superlinear_reasons``, by variant) when it
-    gives one, else `GENERIC_SUPERLINEAR_REASON`.
+    Each carries the point's ``stable``. The reason is the suite's own (its model's ``superlinear_reasons``, by
+    variant) when it gives one, else `GENERIC_SUPERLINEAR_REASON`.
     """
     reasons = model.superlinear_reasons if model is not None else {}
     return [dict({c: e[c] for c in GROUP}, ranks=e["ranks"], speedup=e["speedup"], efficiency=e["efficiency"],
-                 reason=reasons.get(e["variant"], GENERIC_SUPERLINEAR_REASON))
+                 stable=e["stable"], reason=reasons.get(e["variant"], GENERIC_SUPERLINEAR_REASON))
             for e in entries
             if e["efficiency"] is not None and e["ranks"] > 1 and e["efficiency"] > SUPERLINEAR_EFFICIENCY]

@@ -2,7 +2,9 @@
 
 The JSON document (`document`) holds the same per-suite analysis as summary.md
 (`bench.report.analysis.analyse`) as plain numbers: seconds, GB/s, MiB, ratios;
-a value not measured or not defined is ``null`` (never NaN).
+a value not measured or not defined is ``null`` (never NaN). A point's ``stable`` is
+true, false, or null (a file written before the column: counted as stable); in
+scaling.csv it is 1, 0 or empty, beside its ``spread``.
 """
 import csv
 import json
@@ -13,7 +15,7 @@ import statistics
 from bench.report.analysis import analyse
 from bench.report.model import for_projection
 from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
-                                  projections, scaling_table, serial_fractions)
+                                  projections, scaling_table, serial_fractions, unstable)
 from bench.report.summary import markdown
 from kernels.errors import InputError
 
@@ -62,13 +64,22 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
 
 
 def model_error_lines(table):
-    """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1|."""
-    errors = {}
+    """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1| of its
+    stable points (unknown counts as stable), and how many unstable ones were left out."""
+    errors, left_out = {}, {}
     for entry in table:
         if entry["model_error"] is not None and entry["ranks"] >= 2:
-            errors.setdefault(entry["suite"], []).append(abs(entry["model_error"]))
-    return [f"report: {suite} model error at >= 2 ranks: median {statistics.median(values):.0%}, "
-            f"max {max(values):.0%} over {len(values)} points" for suite, values in sorted(errors.items())]
+            errors.setdefault(entry["suite"], [])
+            left_out[entry["suite"]] = left_out.get(entry["suite"], 0) + unstable(entry)
+            if not unstable(entry):
+                errors[entry["suite"]].append(abs(entry["model_error"]))
+    lines = []
+    for suite, values in sorted(errors.items()):
+        head, unstable_part = f"report: {suite} model error at >= 2 ranks: ", f"{left_out[suite]} unstable left out"
+        lines.append(f"{head}median {statistics.median(values):.0%}, max {max(values):.0%} over {len(values)} stable "
+                     f"point{'s' if len(values) > 1 else ''}; {unstable_part}" if values
+                     else f"{head}no stable points ({unstable_part})")
+    return lines
 
 
 def document(paths, points, reports, calib, notes):
@@ -136,4 +147,6 @@ def _write_csv(out_dir, name, columns, entries):
 def _csv_cell(value):
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return int(value)
     return f"{value:.6g}" if isinstance(value, float) else value

@@ -17,6 +17,12 @@ Groups with two or more rank counts get a least-squares Amdahl serial fraction f
 p E = p - s (p - 1)). With a calibration (`bench.report.model`), each point gets the
 suite's predicted time and the relative error, and ``project`` rank counts of
 compute suites get predictions only.
+
+Every entry carries its row's stability (`bench.stability`): ``spread`` and
+``stable`` (True, False, or None for a row written before the columns existed:
+unknown, counted as stable, never as unstable) and ``ref_stable``, the same of
+the reference point its ``vs_ref`` divides by. `unstable` and `ratio_unstable`
+are the only tests of it the report makes.
 """
 import json
 import os
@@ -29,10 +35,10 @@ from bench.report.model import for_projection
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
-SCALING_COLUMNS = GROUP + ("size_unit", "ranks", "t_med_s", "speedup", "efficiency", "karp_flatt", "vs_ref",
-                           "predicted_s", "model_error", "algbw_gbs", "busbw_gbs", "metric", "metric_value",
-                           "accuracy", "wrong")
-FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction")
+SCALING_COLUMNS = GROUP + ("size_unit", "ranks", "t_med_s", "spread", "stable", "speedup", "efficiency",
+                           "karp_flatt", "vs_ref", "predicted_s", "model_error", "algbw_gbs", "busbw_gbs", "metric",
+                           "metric_value", "accuracy", "wrong")
+FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction", "unstable_points")
 PROJECTION_COLUMNS = GROUP + ("ranks", "predicted_s")
 COMMUNICATION, COMPUTE = "communication", "compute"
 #: The ``params`` entry shown as the suite's accuracy beside its own metric (``dp``).
@@ -93,6 +99,21 @@ def _predict(model, key, ranks, calib, params=None):
                          dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
 
 
+def unstable(point):
+    """Whether a point (an entry, or any dict with its ``stable``) was measured unstable; unknown is not."""
+    return point.get("stable") is False
+
+
+def ratio_unstable(point):
+    """Whether a ratio to the reference rests on an unstable point: this one or the reference's."""
+    return unstable(point) or point.get("ref_stable") is False
+
+
+def _stable(row):
+    """A row's ``stable`` column as True, False or None (empty: a file written before the column)."""
+    return {"1": True, "0": False}.get(str(row.get("stable") or ""))
+
+
 def suite_kind(rows):
     """`COMMUNICATION` when every row measures bytes with a bus bandwidth (p2p, collectives), else `COMPUTE`."""
     return COMMUNICATION if all(r["size_unit"] == "bytes" and r["busbw_gbs"] for r in rows) else COMPUTE
@@ -102,7 +123,8 @@ def scaling_table(rows, calib=None, suites=None):
     """One dict per row: speedup, efficiency, Karp-Flatt (compute suites), ratio to the reference, model.
 
     Each entry also carries the row's ``kind`` (`suite_kind` of its suite), size
-    unit, bandwidths, the suite's own metric, ``accuracy`` (`ACCURACY_PARAM`
+    unit, fastest and slowest times, bandwidths, stability (``spread``, ``stable``,
+    ``ref_stable``), the suite's own metric, ``accuracy`` (`ACCURACY_PARAM`
     from ``params``, when recorded) and ``params`` (a dict).
     """
     suites = suites or Suites()
@@ -132,6 +154,8 @@ def scaling_table(rows, calib=None, suites=None):
             predicted = _predict(suites[key[0]], key, ranks, calib, params)
             table.append(dict(
                 zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks, t_med_s=seconds,
+                t_min_s=float(row["t_min_s"]), t_max_s=float(row["t_max_s"]), spread=_number(row.get("spread")),
+                stable=_stable(row), ref_stable=_stable(ref) if ref is not None else None,
                 speedup=speedup, efficiency=(speedup / ranks if strong else base_time / seconds) if compute else None,
                 karp_flatt=_karp_flatt(speedup, ranks) if compute and strong and base_ranks == 1 else None,
                 vs_ref=float(ref["t_med_s"]) / seconds if ref is not None else None, predicted_s=predicted,
@@ -191,7 +215,8 @@ def _sort_key(key):
 
 
 def serial_fractions(table):
-    """Amdahl (strong) or Gustafson (weak) serial fraction per compute group with >= 2 rank counts from 1 rank."""
+    """Amdahl (strong) or Gustafson (weak) serial fraction per compute group with >= 2 rank counts from 1 rank,
+    with the number of its points that were unstable (``unstable_points``)."""
     groups = defaultdict(list)
     for entry in table:
         groups[tuple(entry[c] for c in GROUP)].append(entry)
@@ -211,7 +236,7 @@ def serial_fractions(table):
             law = "gustafson"
         fraction = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
         fits.append(dict(zip(GROUP, key), rank_counts=" ".join(map(str, counts)), law=law,
-                         serial_fraction=fraction))
+                         serial_fraction=fraction, unstable_points=sum(map(unstable, entries))))
     return fits
 
 

@@ -1,10 +1,20 @@
 """summary.md: a digest per suite first (a dozen lines each), then the details, every table under a heading.
 
 Renders the per-suite dicts of `bench.report.analysis.analyse`. Times are shown
-in the unit that fits them (`format_time`: us, ms or s).
+in the unit that fits them (`format_time`: us, ms or s). A figure that rests on an
+unstable point (its time, or what is shown for it: bandwidth, latency, time per
+epoch; a ratio whose point or reference was unstable; a fit over one) carries
+`MARK`, and `LEGEND` follows every table that has one; the digest's best-variant
+cells leave unstable points out and say how many.
 """
-from bench.report.scaling import COMMUNICATION, GROUP
+from bench.report.scaling import COMMUNICATION, GROUP, ratio_unstable, unstable
+from bench.stability import MAX_SPREAD
 from bench.units import format_size
+
+#: Appended to a figure that rests on an unstable point (one mark per cell: two would strike the text through).
+MARK = "~"
+LEGEND = (f"`{MARK}`: measured at an unstable point (a ratio: the point or the reference; a fit: any of its points); "
+          "its samples spread more than the sweep's --max-spread, so the figure may be off.")
 
 
 def format_time(seconds):
@@ -37,17 +47,35 @@ def markdown(reports, calib, model_notes=()):
     return lines
 
 
+def _legend(marked):
+    """The legend lines under a table (after its blank line: a line right under a table would be a row of it)."""
+    return [LEGEND, ""] if marked else []
+
+
+def _mark(text, shaky):
+    return f"{text}{MARK}" if shaky and text else text
+
+
+def _time(seconds, point):
+    """`format_time` of ``seconds``, marked when ``point`` was unstable."""
+    return _mark(format_time(seconds), unstable(point))
+
+
 def _digest(report):
     unit, reference = report["size_unit"], report["reference"]
     lines = [f"### {report['suite']} ({report['kind']}; reference {reference})", ""]
+    shaky = sum(map(unstable, report["points"]))
+    if shaky:
+        lines.append(f"- {shaky} of {len(report['points'])} points unstable (spread, the interquartile range of a "
+                     f"point's samples over their median, above the sweep's --max-spread, {MAX_SPREAD:g} by default): "
+                     f"marked `{MARK}` in every table, left out of the best-variant claims and the model errors")
     for table in report.get("communication", []):
-        averages = ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in table["average_busbw"].items())
         lines.append(f"- {table['ranks']} ranks{_suffix(table['group'], report['suite'])}: "
-                     f"average bus bandwidth {averages}")
+                     f"average bus bandwidth {_averages(table)}")
         if table["latency"]:
             ends = (table["latency"][0], table["latency"][-1])
-            lines.append(f"- {table['ranks']} ranks: latency {format_time(ends[0]['latency_s'])} at "
-                         f"{format_size(ends[0]['size'])} {unit}, {format_time(ends[1]['latency_s'])} at "
+            lines.append(f"- {table['ranks']} ranks: latency {_time(ends[0]['latency_s'], ends[0])} at "
+                         f"{format_size(ends[0]['size'])} {unit}, {_time(ends[1]['latency_s'], ends[1])} at "
                          f"{format_size(ends[1]['size'])} {unit}")
     if report["superlinear"]:
         lines.append(f"- {len(report['superlinear'])} superlinear point(s): see the details")
@@ -66,12 +94,29 @@ def _digest(report):
                   "|---" * (len(table["ranks"]) + 1) + "|"]
         for size in table["sizes"]:
             cells = [table["cells"].get(f"{size} {p}") for p in table["ranks"]]
-            lines.append(f"| {format_size(size)} | " + " | ".join(
-                "" if c is None else f"{c['variant']} {_ratio(c['vs_ref'])} ({format_time(c['t_med_s'])}"
-                + ("" if c["efficiency"] is None else f", {c['efficiency']:.2f}") + ")"
-                for c in cells) + " |")
+            lines.append(f"| {format_size(size)} | " + " | ".join(_digest_cell(c, reference) for c in cells) + " |")
         lines.append("")
+        if table["unstable_left_out"]:
+            count, empty = table["unstable_left_out"], table["unstable_cells"]
+            lines += [f"{count} unstable point{'s' if count > 1 else ''} left out"
+                      + (f"; {empty} cell{'s' if empty > 1 else ''} had no stable point" if empty else "") + ".", ""]
     return lines
+
+
+def _digest_cell(cell, reference):
+    """``variant ratio (time[, efficiency])``; without the ratio where the reference's point was unstable."""
+    if cell is None:
+        return ""
+    figures = format_time(cell["t_med_s"]) + ("" if cell["efficiency"] is None else f", {cell['efficiency']:.2f}")
+    if cell["vs_ref"] is None:
+        return f"{cell['variant']} ({figures}; {reference} unstable)"
+    return f"{cell['variant']} {_ratio(cell['vs_ref'])} ({figures})"
+
+
+def _averages(table):
+    """``variant X GB/s`` per variant, marked when any of its points was unstable."""
+    return ", ".join(_mark(f"{v} {bw:.3g} GB/s", any(unstable(p) for p in table["points"] if p["variant"] == v))
+                     for v, bw in table["average_busbw"].items())
 
 
 def _communication(report):
@@ -80,28 +125,27 @@ def _communication(report):
         where = f"{table['ranks']} ranks{_suffix(table['group'], report['suite'])}"
         by_point = {(p["size"], p["variant"]): p for p in table["points"]}
         lines += _matrix(f"Bus bandwidth (GB/s) against size, {where}", unit, table, by_point,
-                         table["variants"], lambda p: _cell(p["busbw_gbs"], "{:.3f}"))
-        lines += ["Average bus bandwidth: " + ", ".join(f"{v} {bw:.3g} GB/s" for v, bw in
-                                                         table["average_busbw"].items()), ""]
+                         table["variants"], lambda p: _cell(p["busbw_gbs"], "{:.3f}"), unstable)
+        lines += ["Average bus bandwidth: " + _averages(table), ""]
         others = [v for v in table["variants"]
                   if v != reference and any(p["vs_ref"] is not None for p in table["points"] if p["variant"] == v)]
         if others:
             lines += _matrix(f"Ratio to {reference} (T_{reference} / T) against size, {where}", unit, table, by_point,
-                             others, lambda p: _ratio(p["vs_ref"]))
+                             others, lambda p: _ratio(p["vs_ref"]), ratio_unstable)
         if table["latency"]:
             lines += [f"### Latency against size, {where}", "", f"| size ({unit}) | variant | latency |",
                       "|---|---|---|"]
-            lines += [f"| {format_size(r['size'])} | {r['variant']} | {format_time(r['latency_s'])} |"
+            lines += [f"| {format_size(r['size'])} | {r['variant']} | {_time(r['latency_s'], r)} |"
                       for r in table["latency"]]
-            lines.append("")
+            lines += [""] + _legend(any(map(unstable, table["latency"])))
         lines += [f"### Time, algbw and busbw per variant, {where}", "",
                   f"| size ({unit}) | variant | time | algbw (GB/s) | busbw (GB/s) | model | model error | wrong |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {format_size(p['size'])} | {p['variant']} | {format_time(p['t_med_s'])} | "
+        lines += [f"| {format_size(p['size'])} | {p['variant']} | {_time(p['t_med_s'], p)} | "
                   f"{_cell(p['algbw_gbs'], '{:.3f}')} | {_cell(p['busbw_gbs'], '{:.3f}')} | "
                   f"{format_time(p['predicted_s'])} | {_error(p)} | {p['wrong']} |"
                   for p in table["points"]]
-        lines.append("")
+        lines += [""] + _legend(any(map(unstable, table["points"])))
     return lines
 
 
@@ -122,9 +166,10 @@ def _compute(report):
         if fits:
             lines += [f"### Serial fraction fits (Amdahl: strong scaling; Gustafson: weak){suffix}", "",
                       f"| variant | size ({unit}) | law | serial fraction | rank counts |", "|---|---|---|---|---|"]
-            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | {f['serial_fraction']:.3f} | "
-                      f"{f['rank_counts']} |" for f in fits]
-            lines.append("")
+            lines += [f"| {f['variant']} | {format_size(int(f['size']))} | {f['law']} | "
+                      f"{_mark(format(f['serial_fraction'], '.3f'), f['unstable_points'])} | {f['rank_counts']} |"
+                      for f in fits]
+            lines += [""] + _legend(any(f["unstable_points"] for f in fits))
         projected = [p for p in report["projection"] if tuple(p[c] for c in COMPUTE_GROUP) == key]
         if projected:
             lines += [f"### Projected time (cost model){suffix}", "", f"| variant | size ({unit}) | ranks | predicted |",
@@ -135,9 +180,9 @@ def _compute(report):
     if report["superlinear"]:
         lines += ["### Superlinear points (efficiency above 1.05)", ""]
         lines += [f"- {s['variant']}, {format_size(int(s['size']))} {report['size_unit']}, {s['ranks']} ranks"
-                  f"{_suffix(s, report['suite'])}: efficiency {s['efficiency']:.2f}; why it may be: {s['reason']}"
-                  for s in report["superlinear"]]
-        lines.append("")
+                  f"{_suffix(s, report['suite'])}: efficiency {_mark(format(s['efficiency'], '.2f'), unstable(s))}; "
+                  f"why it may be: {s['reason']}" for s in report["superlinear"]]
+        lines += [""] + _legend(any(map(unstable, report["superlinear"])))
     return lines + _batch_sizes(report)
 
 
@@ -159,11 +204,11 @@ def _scaling(report, points, suffix):
             f"{p['metric']} {_cell(p['metric_value'])}"
         lines.append(
             f"| {p['variant']} | {p['scaling']} | {format_size(int(p['size']))} | {p['ranks']} | "
-            f"{format_time(p['t_med_s'])} | {_cell(p['speedup'])} | {_cell(p['efficiency'])}{flag} | "
-            f"{_cell(p['karp_flatt'])} | {_ratio(p['vs_ref'])} | {metric} |"
+            f"{_time(p['t_med_s'], p)} | {_cell(p['speedup'])} | {_cell(p['efficiency'])}{flag} | "
+            f"{_cell(p['karp_flatt'])} | {_mark(_ratio(p['vs_ref']), ratio_unstable(p))} | {metric} |"
             + (f" {_cell(p['accuracy'])} |" if with_accuracy else "")
             + f" {format_time(p['predicted_s'])} | {_error(p)} | {p['wrong']} |")
-    return lines + [""]
+    return lines + [""] + _legend(any(map(ratio_unstable, points)))
 
 
 def _point_id(point):
@@ -180,19 +225,22 @@ def _batch_sizes(report):
                   "| batch size | time per epoch (s) | peak memory (MiB) |", "|---|---|---|"]
         lines += [f"| {r['batch']} | "
                   + ("n/a" if r["time_per_epoch_s"] is None else
-                     f"{r['time_per_epoch_s']:.3f}" + (" (estimate)" if r["time_source"] == "estimate" else ""))
+                     _mark(f"{r['time_per_epoch_s']:.3f}", unstable(r))
+                     + (" (estimate)" if r["time_source"] == "estimate" else ""))
                   + f" | {'n/a' if r['peak_memory_mib'] is None else format(r['peak_memory_mib'], '.1f')} |"
                   for r in table["rows"]]
-        lines.append("")
+        lines += [""] + _legend(any(map(unstable, table["rows"])))
     return lines
 
 
-def _matrix(title, unit, table, by_point, variants, cell):
+def _matrix(title, unit, table, by_point, variants, cell, shaky):
+    """Sizes down, ``variants`` across: ``cell(point)``, marked where ``shaky(point)``; the legend when any is."""
     lines = [f"### {title}", "", f"| size ({unit}) | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
-    for size in table["sizes"]:
+    shown = [[by_point.get((size, v)) for v in variants] for size in table["sizes"]]
+    for size, points in zip(table["sizes"], shown):
         lines.append(f"| {format_size(size)} | " + " | ".join(
-            cell(by_point[(size, v)]) if (size, v) in by_point else "" for v in variants) + " |")
-    return lines + [""]
+            "" if p is None else _mark(cell(p), shaky(p)) for p in points) + " |")
+    return lines + [""] + _legend(any(shaky(p) for points in shown for p in points if p is not None))
 
 
 def _suffix(group, suite):

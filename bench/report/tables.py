@@ -13,6 +13,9 @@ COMMUNICATION_GROUP = ("benchmark", "backend", "dtype", "scaling", "settings")
 BATCH_GROUP = ("backend", "dtype", "variant", "scaling", "settings")
 #: The metric a latency test records (one-way latency in microseconds).
 LATENCY_METRIC = "latency_us"
+#: What a communication table keeps of each point (`bench.report.scaling.scaling_table`'s entries).
+POINT_FIELDS = ("variant", "t_med_s", "t_min_s", "t_max_s", "algbw_gbs", "busbw_gbs", "vs_ref", "predicted_s",
+                "model_error", "wrong", "stable", "ref_stable")
 
 
 def communication_tables(entries):
@@ -20,10 +23,11 @@ def communication_tables(entries):
 
     One dict per (`COMMUNICATION_GROUP`, rank count): ``group``, ``ranks``,
     ``variants`` (in order of appearance), ``sizes`` (sorted), ``points`` (size,
-    variant, t_med_s, algbw_gbs, busbw_gbs, vs_ref, predicted_s, model_error, wrong),
-    ``average_busbw`` (variant -> the mean bus bandwidth over its sizes, as
-    nccl-tests' "Avg bus bandwidth") and ``latency`` (size, variant, latency_s of
-    the points whose metric is `LATENCY_METRIC`). One rank sends nothing, so
+    variant, t_med_s, t_min_s, t_max_s, algbw_gbs, busbw_gbs, vs_ref, predicted_s,
+    model_error, wrong, stable, ref_stable), ``average_busbw`` (variant -> the mean
+    bus bandwidth over its sizes, as nccl-tests' "Avg bus bandwidth"; unstable
+    points included) and ``latency`` (size, variant, latency_s, stable of the
+    points whose metric is `LATENCY_METRIC`). One rank sends nothing, so
     1-rank points have no table.
     """
     groups = defaultdict(list)
@@ -40,12 +44,11 @@ def communication_tables(entries):
         tables.append(dict(
             group=dict(zip(COMMUNICATION_GROUP, key[:-1])), ranks=key[-1], variants=variants,
             sizes=sorted({int(e["size"]) for e in members}),
-            points=[dict(size=int(e["size"]), **{c: e[c] for c in ("variant", "t_med_s", "algbw_gbs", "busbw_gbs",
-                                                                   "vs_ref", "predicted_s", "model_error",
-                                                                   "wrong")})
+            points=[dict(size=int(e["size"]), **{c: e[c] for c in POINT_FIELDS})
                     for e in sorted(members, key=lambda e: (int(e["size"]), variants.index(e["variant"])))],
             average_busbw={v: sum(values) / len(values) for v, values in busbw.items()},
-            latency=[dict(size=int(e["size"]), variant=e["variant"], latency_s=e["metric_value"] * 1e-6)
+            latency=[dict(size=int(e["size"]), variant=e["variant"], latency_s=e["metric_value"] * 1e-6,
+                          stable=e["stable"])
                      for e in sorted(members, key=lambda e: int(e["size"]))
                      if e["metric"] == LATENCY_METRIC and e["metric_value"] is not None],
         ))
@@ -62,7 +65,7 @@ def batch_size_tables(entries, model):
     ``peak_memory_mib`` (None when not recorded). The batch is the global one:
     the suite model's ``problem_size`` of the point (``size`` x ranks under weak scaling).
     Returns one dict per table: ``model``, ``ranks``, ``group`` and ``rows``
-    (batch, time_per_epoch_s, time_source, peak_memory_mib), sorted by batch.
+    (batch, time_per_epoch_s, time_source, peak_memory_mib, stable), sorted by batch.
     """
     groups = defaultdict(list)
     for entry in entries:
@@ -79,7 +82,7 @@ def batch_size_tables(entries, model):
             seconds, source = _epoch_seconds(entry, batch)
             memory = entry["params"].get("peak_memory_mib")
             rows.append(dict(batch=batch, time_per_epoch_s=seconds, time_source=source,
-                             peak_memory_mib=float(memory) if _finite(memory) else None))
+                             peak_memory_mib=float(memory) if _finite(memory) else None, stable=entry["stable"]))
         tables.append(dict(model=key[0], ranks=key[1], group=dict(zip(BATCH_GROUP, key[2:])),
                            rows=sorted(rows, key=lambda r: r["batch"])))
     return tables

@@ -37,6 +37,32 @@ def point(variant, ranks, seconds, size=1024, scaling="strong", suite="gemv", **
                 **bandwidth, **extra)
 
 
+def p2p_points(sizes):
+    """p2p's latency (one way 3 us + n x 0.1 ns) and bandwidth (a window of 64) tests at ``sizes``."""
+    rows = []
+    for s in sizes:
+        one_way = 3e-6 + s * 1e-10
+        rows.append(point("latency", 2, 2 * one_way, size=s, suite="p2p", size_unit="bytes",
+                          algbw_gbs=s / one_way / 1e9, busbw_gbs=s / one_way / 1e9, metric="latency_us",
+                          metric_value=one_way * 1e6))
+        window = 64 * (1e-6 + s * 1e-10)
+        rows.append(point("bandwidth", 2, window, size=s, suite="p2p", size_unit="bytes",
+                          algbw_gbs=64 * s / window / 1e9, busbw_gbs=64 * s / window / 1e9))
+    return rows
+
+
+def judged(points, unstable=(), unknown=()):
+    """``points`` with the columns a sweep's stability check writes: the (variant, size, ranks) in ``unstable``
+    with spread 0.6 and stable 0, those in ``unknown`` with both empty (a file written before the columns),
+    the others spread 0.05 and stable 1; every point's samples between 0.9 and 1.5 times its median."""
+    rows = []
+    for row in points:
+        key, seconds = (row["variant"], row["size"], row["ranks"]), row["t_med_s"]
+        spread, stable = ("", "") if key in unknown else (0.6, 0) if key in unstable else (0.05, 1)
+        rows.append(dict(row, spread=spread, stable=stable, t_min_s=0.9 * seconds, t_max_s=1.5 * seconds))
+    return rows
+
+
 def write_points(path, points):
     results = ResultsFile(str(path))
     for row in points:

@@ -6,7 +6,7 @@ from bench.report.output import write_report
 from bench.report.plots import _powers_of_two
 from bench.report.scaling import scaling_table
 from bench.report.summary import format_time
-from tests.bench.report_rows import as_read, point, write_points
+from tests.bench.report_rows import as_read, p2p_points, point, write_points
 
 SIZES = (8, 1024, 1 << 20)
 
@@ -15,19 +15,6 @@ def allreduce_points():
     """mpi, ring (2x slower) and tree (1.25x faster) on 1, 2, 4 ranks."""
     return [point(v, p, t * s, size=s, suite="allreduce")
             for v, t in (("mpi", 1e-9), ("ring", 2e-9), ("tree", 0.8e-9)) for p in (1, 2, 4) for s in SIZES]
-
-
-def p2p_points():
-    rows = []
-    for s in SIZES:
-        one_way = 3e-6 + s * 1e-10
-        rows.append(point("latency", 2, 2 * one_way, size=s, suite="p2p", size_unit="bytes",
-                          algbw_gbs=s / one_way / 1e9, busbw_gbs=s / one_way / 1e9, metric="latency_us",
-                          metric_value=one_way * 1e6))
-        window = 64 * (1e-6 + s * 1e-10)
-        rows.append(point("bandwidth", 2, window, size=s, suite="p2p", size_unit="bytes",
-                          algbw_gbs=64 * s / window / 1e9, busbw_gbs=64 * s / window / 1e9))
-    return rows
 
 
 def report_of(tmp_path, points, name="a.csv", **options):
@@ -57,7 +44,7 @@ def test_a_collective_leads_with_bus_bandwidth_ratio_to_mpi_and_the_average(tmp_
 
 
 def test_p2p_has_a_latency_table_and_plot_and_no_ratio_between_latency_and_bandwidth(tmp_path):
-    suites, summary = report_of(tmp_path, p2p_points(), plots=True)
+    suites, summary = report_of(tmp_path, p2p_points(SIZES), plots=True)
     p2p = suites["p2p"]
     (table,) = p2p["communication"]
     assert all(p["vs_ref"] is None for p in table["points"] if p["variant"] == "bandwidth")

@@ -50,13 +50,16 @@ def test_two_files_of_one_scope_are_refused(tmp_path):
         load_calibrations([first, second])
 
 
-def test_one_model_error_line_per_suite_from_two_ranks_up():
-    table = [dict(suite="p2p", ranks=2, model_error=e) for e in (0.1, -0.3, 0.2)]
+def test_one_model_error_line_per_suite_from_two_ranks_up_over_its_stable_points():
+    # stable None (a file written before the column) counts as stable; False is left out and counted
+    table = [dict(suite="p2p", ranks=2, model_error=e, stable=s) for e, s in ((0.1, True), (-0.3, None), (0.2, True),
+                                                                            (9.0, False), (-7.0, False))]
     table += [dict(suite="allreduce", ranks=1, model_error=5.0), dict(suite="allreduce", ranks=2, model_error=-0.05),
-              dict(suite="gemv", ranks=2, model_error=None)]
+              dict(suite="gemv", ranks=2, model_error=None), dict(suite="tp", ranks=2, model_error=3.0, stable=False)]
     assert model_error_lines(table) == [
-        "report: allreduce model error at >= 2 ranks: median 5%, max 5% over 1 points",
-        "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 points"]
+        "report: allreduce model error at >= 2 ranks: median 5%, max 5% over 1 stable point; 0 unstable left out",
+        "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 stable points; 2 unstable left out",
+        "report: tp model error at >= 2 ranks: no stable points (1 unstable left out)"]
 
 
 def test_report_prints_the_error_lines_and_which_constants_projected(tmp_path):
@@ -70,7 +73,7 @@ def test_report_prints_the_error_lines_and_which_constants_projected(tmp_path):
     assert status == 0, err
     lines = out.splitlines()
     assert sum(line.startswith("report: allreduce model error at >= 2 ranks: median ") and
-               line.endswith(" over 2 points") for line in lines) == 1
+               line.endswith(" over 2 stable points; 0 unstable left out") for line in lines) == 1
     assert sum(line.startswith("report: gemv model error at >= 2 ranks: ") for line in lines) == 1
     assert f"report: projection to 64 ranks uses inter-node message constants of {inter}, compute rates of " \
            f"{intra}" in lines
