@@ -12,7 +12,8 @@ from bench.case import parse_variants
 from bench.registry import case_class
 from bench.resources import check_job, check_local
 from bench.settings import resolve
-from bench.stability import MAX_POINT_SECONDS, MAX_SPREAD, SAMPLES_FACTOR
+from bench.stability import (MAX_POINT_SECONDS, MAX_SPREAD, POINT_SECONDS_VARIABLE, SAMPLES_FACTOR,
+                             max_point_seconds)
 from bench.progress import parse_duration
 from bench.units import parse_ranks, parse_size, parse_sizes
 from kernels.backend import BACKENDS
@@ -45,10 +46,10 @@ def add_measure_options(parser):
     parser.add_argument("--max-spread", type=float, metavar="X", default=MAX_SPREAD,
                         help=f"a point is unstable when its samples' interquartile range over their median exceeds X "
                              f"(default {MAX_SPREAD}; column stable); each is named as it is measured")
-    parser.add_argument("--max-point-seconds", type=float, metavar="S", default=MAX_POINT_SECONDS,
+    parser.add_argument("--max-point-seconds", metavar="S",
                         help=f"an unstable point takes more samples (batches of --iters, at most {SAMPLES_FACTOR} "
                              f"times --iters) for at most S more seconds before it is judged (default "
-                             f"{MAX_POINT_SECONDS:g}; 0: never)")
+                             f"${POINT_SECONDS_VARIABLE} or {MAX_POINT_SECONDS:g}; 0: never)")
     parser.add_argument("--remeasure-unstable", action="store_true",
                         help="measure again the points of --csv whose rows say stable 0, replacing their rows")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -119,8 +120,6 @@ def make_config(args, job_size, comm=None):
         raise InputError(f"--warmup must be >= 0, got {args.warmup}")
     if not 0 < args.max_spread < float("inf"):
         raise InputError(f"--max-spread must be a number > 0, got {args.max_spread}")
-    if not 0 <= args.max_point_seconds < float("inf"):
-        raise InputError(f"--max-point-seconds must be a number >= 0, got {args.max_point_seconds}")
     config = SweepConfig(
         suite=case.name, variants=variants, sizes=parse_sizes(args.sizes or case.default_sizes),
         ranks=parse_ranks(args.ranks, job_size) if args.ranks else [job_size],
@@ -128,7 +127,8 @@ def make_config(args, job_size, comm=None):
         iters=args.iters, warmup=args.warmup, threads=args.threads, backend=args.backend,
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
         time_limit=parse_duration(args.time_limit) if args.time_limit else None, max_spread=args.max_spread,
-        max_point_seconds=args.max_point_seconds, remeasure_unstable=args.remeasure_unstable,
+        max_point_seconds=max_point_seconds(args.max_point_seconds, os.environ),
+        remeasure_unstable=args.remeasure_unstable,
     )
     if getattr(args, "command", None) == "sweep":
         plan_points(case, config)  # a variant no rank count can run is refused before the job starts

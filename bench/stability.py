@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.errors import InputError
+
 #: The default ``--max-spread``. Measured here (2 cores, ``mlscale sweep allreduce --np 2 --sizes
 #: 8,64K,1M,16M``): quiet, 28 points, spread median 0.063, largest 0.14; beside two CPU-bound processes,
 #: 12 points, median 1.19, largest 2.25 (4 below 0.25: 8-byte points whose samples average many runs).
@@ -24,6 +26,9 @@ MAX_SPREAD = 0.25
 MAX_POINT_SECONDS = 2.0
 #: An unstable point takes at most this many times its ``--iters`` samples in all.
 SAMPLES_FACTOR = 10
+#: The environment variable giving ``--max-point-seconds`` when the option is not given (a batch job's
+#: scripts, or ``make test``, whose tests check results, not stability).
+POINT_SECONDS_VARIABLE = "MLSCALE_MAX_POINT_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,22 @@ class Resampling:
     max_spread: float = MAX_SPREAD
     max_seconds: float = MAX_POINT_SECONDS
     factor: int = SAMPLES_FACTOR
+
+
+def max_point_seconds(option, environ):
+    """``--max-point-seconds``: the option when given, else `POINT_SECONDS_VARIABLE`, else `MAX_POINT_SECONDS`;
+    `kernels.errors.InputError` for a value that is not a number of seconds >= 0."""
+    name, text = ("--max-point-seconds", option) if option is not None else (
+        POINT_SECONDS_VARIABLE, environ.get(POINT_SECONDS_VARIABLE))
+    if text is None:
+        return MAX_POINT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds < float("inf"):
+        raise InputError(f"{name} must be a number of seconds >= 0, got {text!r}")
+    return seconds
 
 
 def spread(samples):

@@ -154,11 +154,11 @@ class HangsAfterTheFirstPoint(TinyCase):
 
 
 class Jittery(TinyCase):
-    """Runs alternate between 2 ms and 100 ms of sleep: the samples' spread is about 1.9; it falls to 0.25 only
-    if the 2 ms sleeps took 78 ms (load only lengthens runs)."""
+    """Runs alternate between 2 ms and 50 ms of sleep: the samples' spread is about 1.8; it falls to 0.25 only
+    if the 2 ms sleeps took 39 ms (load only lengthens runs)."""
 
     def iterations(self, size):
-        return 6, 0
+        return 4, 0
 
     def setup(self, comm, size, variant, backend, dtype):
         return {"comm": comm, "runs": 0}
@@ -167,7 +167,7 @@ class Jittery(TinyCase):
         import time
 
         state["runs"] += 1
-        time.sleep(0.1 if state["runs"] % 2 else 0.002)
+        time.sleep(0.05 if state["runs"] % 2 else 0.002)
 
     def check(self, state):
         return 0

@@ -1,4 +1,5 @@
 """Progress lines, --time-limit and the OSU / nccl-tests option aliases, end to end."""
+import json
 import os
 import pty
 import subprocess
@@ -105,17 +106,23 @@ def test_bad_short_options_are_one_line_and_status_2(args, message, tmp_path):
 
 def test_each_unstable_point_is_named_as_it_is_measured_and_counted_at_the_end(tmp_path):
     path = str(tmp_path / "jitter.csv")
-    status, out, err = mlscale("sweep", "tests.fake_cases:Jittery", "--np", "1", "--sizes", "1,2", "--csv", path)
+    status, out, err = mlscale("run", "tests.fake_cases:Jittery", "--sizes", "1,2", "--csv", path,
+                               "--max-point-seconds", "0.1")  # at least one more batch of 4 samples each
     assert status == 0, err
+    assert all(json.loads(row["params"])["samples"] >= 8 for row in rows_of(path))
     assert out.count("# unstable: only size=") == 2 and "spread" in out and "> 0.25" in out
     assert ("# 2 of 2 points unstable (spread > 0.25); run the same command with --remeasure-unstable to measure "
             "them again (on a quieter node, or with more --iters)") in out.splitlines()
     assert [(row["stable"], float(row["spread"]) > 0.25) for row in rows_of(path)] == [("0", True)] * 2
-    status, out, err = mlscale("sweep", "tests.fake_cases:Jittery", "--np", "1", "--sizes", "1,2,3", "--csv", path,
+    status, out, err = mlscale("run", "tests.fake_cases:Jittery", "--sizes", "1,2,3", "--csv", path,
                                "--max-spread", "1000", "--remeasure-unstable", "--max-point-seconds", "0")
     assert status == 0 and "# unstable" not in out and "points unstable" not in out
     assert [(row["size"], row["stable"]) for row in rows_of(path)] == [("1", "1"), ("2", "1"), ("3", "1")]
-    status, out, err = mlscale("sweep", "tests.fake_cases:Jittery", "--np", "1", "--sizes", "3", "--csv", path,
+    status, out, err = mlscale("run", "tests.fake_cases:Jittery", "--sizes", "3", "--csv", path,
                                "--max-spread", "0")
     assert status == 2 and err == "mlscale: error: --max-spread must be a number > 0, got 0.0\n"
+    status, out, err = mlscale("run", "tests.fake_cases:Jittery", "--sizes", "3", "--csv", path,
+                               MLSCALE_MAX_POINT_SECONDS="soon")
+    assert status == 2 and err == "mlscale: error: MLSCALE_MAX_POINT_SECONDS must be a number of seconds >= 0, " \
+                                  "got 'soon'\n"
 

@@ -52,7 +52,7 @@ def test_every_rank_gets_the_same_load_and_more_threads_than_cores_oversubscribe
 def test_a_sweep_records_the_load_of_each_point_and_counts_the_busy_ones(tmp_path):
     path = str(tmp_path / "load.csv")
     threads = str((os.cpu_count() or 1) + 1)  # more BLAS threads than cores: oversubscribed, whatever else runs
-    status, out, err = mlscale("sweep", "tests.fake_cases:TinyCase", "--np", "1", "--sizes", "1,2", "--threads",
+    status, out, err = mlscale("run", "tests.fake_cases:TinyCase", "--sizes", "1,2", "--threads",
                                threads, "--force", "--csv", path)
     assert status == 0, err
     loads = [json.loads(row["params"])["load"] for row in rows_of(path)]

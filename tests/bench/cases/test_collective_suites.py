@@ -86,5 +86,5 @@ def test_a_sweep_of_every_variant_on_1_to_3_ranks_is_valid_and_records_the_setti
     (["allgather", "--set", "COLL_OP=max"], "--set COLL_OP: not a setting of suite 'allgather'"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, args, message):
-    status, out, err = mlscale("sweep", *args, "--np", "1", "--sizes", "8", "--csv", str(tmp_path / "x.csv"))
+    status, out, err = mlscale("run", *args, "--sizes", "8", "--csv", str(tmp_path / "x.csv"))
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -48,7 +48,7 @@ def test_strong_sweep_with_subarray_packing_in_float32(tmp_path):
 @pytest.mark.parametrize("variable, value", [("MLSCALE_CONV_KERNEL", "4"), ("MLSCALE_CONV_PACKING", "zip"),
                                              ("MLSCALE_CONV_CHANNELS", "0")])
 def test_bad_settings_are_input_errors(tmp_path, variable, value):
-    status, _, err = mlscale("sweep", SUITE, "--np", "1", "--sizes", "8", "--csv", str(tmp_path / "c.csv"),
+    status, _, err = mlscale("run", SUITE, "--sizes", "8", "--csv", str(tmp_path / "c.csv"),
                              **{variable: value})
     assert status == 2 and variable in err
 

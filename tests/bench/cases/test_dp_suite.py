@@ -1,9 +1,13 @@
 """Suite ``dp`` end to end through the command line, on the small digits data set."""
 import json
+import re
 
 import numpy as np
 import pytest
 
+from bench.registry import case_class
+from bench.settings import resolve
+from kernels.errors import InputError
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of
 
@@ -74,17 +78,22 @@ def test_reduced_precision_accumulation_and_buckets_in_float64(tmp_path):
 
 
 def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
+    """Models that need other data end the run (one line, status 2); malformed values are refused as the
+    settings are read, before anything runs (the same one-line error on the command line)."""
     path = str(tmp_path / "dp.csv")
     for settings, message in [(dict(MLSCALE_DP_MODEL="cnn"), "needs 28x28 images"),
                               (dict(MLSCALE_DP_MODEL="keras_cnn"), "MLSCALE_DP_MODEL=keras_cnn needs 28x28 images"),
-                              (dict(MLSCALE_DP_OPTIMIZER="rmsprop"), "MLSCALE_DP_OPTIMIZER='rmsprop'"),
-                              (dict(MLSCALE_DP_COMPUTE="float8"), "MLSCALE_DP_COMPUTE='float8'"),
-                              (dict(MLSCALE_DP_PRECISION="int8"), "MLSCALE_DP_PRECISION='int8'"),
-                              (dict(MLSCALE_DP_MICRO_BATCHES="0"), "MLSCALE_DP_MICRO_BATCHES='0'"),
-                              (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size")]:
+                              (dict(MLSCALE_DP_OPTIMIZER="rmsprop"), "MLSCALE_DP_OPTIMIZER='rmsprop'")]:
         status, _, err = mlscale(settings, "run", SUITE, "--sizes", "8", "--variants", "mpi", "--csv", path)
         assert status == 2, err
         assert message in err and len(err.strip().splitlines()) == 1
+    declared = case_class("dp").declared_settings
+    for settings, message in [(dict(MLSCALE_DP_COMPUTE="float8"), "MLSCALE_DP_COMPUTE='float8'"),
+                              (dict(MLSCALE_DP_PRECISION="int8"), "MLSCALE_DP_PRECISION='int8'"),
+                              (dict(MLSCALE_DP_MICRO_BATCHES="0"), "MLSCALE_DP_MICRO_BATCHES='0'"),
+                              (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size")]:
+        with pytest.raises(InputError, match=re.escape(message)):
+            resolve(declared, (), settings, "dp")
 
 
 @pytest.mark.parametrize("ranks, size", [(1, 16), (2, 33)])  # shards of 16; of 17 and 16

@@ -44,7 +44,7 @@ def test_sweep_of_serial_and_parallel_variants_is_valid(tmp_path):
     (["--sizes", "456"], {"MLSCALE_SVM_DATA": "breast_cancer"}, "has 455 training samples"),
 ])
 def test_impossible_settings_are_input_errors(tmp_path, args, environment, message):
-    status, _, err = mlscale("sweep", SUITE, "--np", "1", "--variants", "smo", "--csv", str(tmp_path / "x.csv"),
+    status, _, err = mlscale("run", SUITE, "--variants", "smo", "--csv", str(tmp_path / "x.csv"),
                              *args, **environment)
     assert status == 2 and message in err
 
