@@ -35,17 +35,29 @@ sweep: $(STAMP)
 # PYTHONDONTWRITEBYTECODE is emptied: the hundreds of Python processes the tests start (ranks, CLI runs)
 # read compiled modules instead of compiling the package again each. In the MPI rounds each rank's BLAS
 # gets cores / ranks threads (at least 1), as a sweep's ranks do: BLAS threads that outnumber the cores
-# spin against each other (a PipeDream test: 7.2 s on 2 ranks, 1.5 s so). No test times anything, and
-# the tests' sweeps sample an unstable point no more (MLSCALE_MAX_POINT_SECONDS=0: the tests check results,
-# not stability; the tests of the resampling give --max-point-seconds themselves).
+# spin against each other (a PipeDream test: 7.2 s on 2 ranks, 1.5 s so). The round on 1 rank (one core,
+# one BLAS thread) runs beside the serial tests, whose workers wait on launches often enough to leave it a
+# core; its output follows theirs. No test times anything, and the tests' sweeps sample an unstable point
+# no more (MLSCALE_MAX_POINT_SECONDS=0: the tests check results, not stability; the tests of the
+# resampling give --max-point-seconds themselves).
+MPI_ROUND = PYTHONDONTWRITEBYTECODE= timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	$(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider -p no:xdist
+
 test: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs -n $(NPROC) --dist loadgroup
-	for n in $(TEST_RANKS); do \
+	@one=$$(mktemp); status=0; \
+	if [ -n "$(filter 1,$(TEST_RANKS))" ]; then \
+	  n=1; OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(MPI_ROUND) > $$one 2>&1 & beside=$$!; \
+	fi; \
+	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs \
+	  -n $(NPROC) --dist loadgroup || status=1; \
+	if [ -n "$${beside:-}" ]; then \
+	  wait $$beside || status=1; echo "== MPI tests on 1 ranks (beside the serial tests)"; cat $$one; \
+	fi; \
+	rm -f $$one; [ $$status = 0 ] || exit 1; \
+	for n in $(filter-out 1,$(TEST_RANKS)); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  threads=$$(( $(NPROC) / $$n > 0 ? $(NPROC) / $$n : 1 )); \
-	  PYTHONDONTWRITEBYTECODE= OPENBLAS_NUM_THREADS=$$threads OMP_NUM_THREADS=$$threads \
-	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
-	    $(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider -p no:xdist || exit 1; \
+	  OPENBLAS_NUM_THREADS=$$threads OMP_NUM_THREADS=$$threads $(MPI_ROUND) || exit 1; \
 	done
 
 clean:
