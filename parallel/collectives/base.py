@@ -14,6 +14,8 @@ shape, contiguity, length), as in mpi4py; these are library errors, not user
 input. Costs are per rank, alpha per message, beta per byte sent,
 gamma per byte reduced; ``n`` is the vector size in bytes, ``p' = 2**floor(log2 p)``.
 """
+from itertools import accumulate
+
 import numpy as np
 from mpi4py import MPI
 
@@ -71,10 +73,25 @@ def _check_size(name, array, size, meaning):
         raise ValueError(f"{name} has {array.size} items, expected {size} ({meaning})")
 
 
-def check_block(comm, name, array, n):
-    """``array`` must have the length of this rank's block of ``n`` items."""
-    start, stop = block_range(n, comm.size, comm.rank)
-    _check_size(name, array, stop - start, f"block {comm.rank} of {n} items over {comm.size} ranks")
+def check_block(comm, name, array, n, counts=None):
+    """``array`` must have the length of this rank's block of ``n`` items (of `block_range`, or
+    ``counts[rank]`` when the blocks are given: `check_counts`)."""
+    if counts is None:
+        start, stop = block_range(n, comm.size, comm.rank)
+        _check_size(name, array, stop - start, f"block {comm.rank} of {n} items over {comm.size} ranks")
+    else:
+        check_counts(comm, counts, n)
+        _check_size(name, array, counts[comm.rank], f"block {comm.rank} of the blocks {list(counts)}")
+
+
+def check_counts(comm, counts, n=None):
+    """``counts`` must be a tuple of ``comm.size`` non-negative integers (adding up to ``n`` when given)."""
+    if not isinstance(counts, tuple) or len(counts) != comm.size or \
+            any(not isinstance(count, int) or count < 0 for count in counts):
+        raise ValueError(f"counts must be a tuple of {comm.size} non-negative ints (one block per rank), "
+                         f"got {counts!r}")
+    if n is not None and sum(counts) != n:
+        raise ValueError(f"the blocks {list(counts)} add up to {sum(counts)} items, not {n}")
 
 
 def allreduce_length(comm, source, recvbuf):
@@ -83,7 +100,8 @@ def allreduce_length(comm, source, recvbuf):
     return recvbuf.size
 
 
-def block_slices(n, parts):
-    """Slices of the ``parts`` blocks of ``n`` items (layout of `block_range`)."""
-    bounds = block_offsets(n, parts) + [n]
+def block_slices(n, parts, counts=None):
+    """Slices of the ``parts`` blocks of ``n`` items: the layout of `block_range`, or blocks of
+    ``counts[j]`` items one after another (the v-variants: ``MPI_Allgatherv``'s layout)."""
+    bounds = (block_offsets(n, parts) if counts is None else [0, *accumulate(counts)][:-1]) + [n]
     return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]

@@ -3,7 +3,7 @@
 A `Collective` (one per algorithm) keeps two kinds of entries in one bounded cache:
 
 layout
-    keyed by (collective, communicator, length, dtype, in place): the algorithm's
+    keyed by (collective, communicator, length, dtype, in place, counts): the algorithm's
     `Schedule` for this rank and the scratch vector it uses, reused by any buffers of
     that shape (no schedule or scratch allocation per call);
 plan
@@ -107,25 +107,26 @@ class _Layout:
 class _Plan:
     """A layout bound to one pair of NumPy buffers; persistent requests from its first `run`."""
 
-    def __init__(self, collective, layout, comm, arrays, ufunc, op, sendbuf, recvbuf):
+    def __init__(self, collective, layout, comm, arrays, ufunc, op, sendbuf, recvbuf, counts):
         self.collective, self.layout, self.comm, self.arrays, self.ufunc, self.op = (
             collective, layout, comm, arrays, ufunc, op)
+        self.counts = counts
         self.used = False
         self.sendbuf, self.recvbuf = sendbuf, recvbuf
         self.send_dtype = None if sendbuf is MPI.IN_PLACE else sendbuf.dtype
         self.recv_dtype = recvbuf.dtype
         self.calls, self.requests = None, []
 
-    def fits(self, comm, sendbuf, recvbuf, op):
+    def fits(self, comm, sendbuf, recvbuf, op, counts):
         """Whether the plan serves this call of its own ``comm``, ``sendbuf`` and ``recvbuf`` objects.
 
         Only in-place changes of those objects matter, checked cheaply (this runs on every
-        call): ``comm`` not freed, the same ``op``, each buffer still 1-D with the very dtype
+        call): ``comm`` not freed, the same ``op`` and ``counts``, each buffer still 1-D with the very dtype
         object of the plan, ``recvbuf`` writeable. A shape assignment keeps an array's size,
         so a 1-D shape is then the same one; a dtype assignment gives another dtype object.
         Not detected: an assignment to ``strides`` (deprecated since NumPy 2.4).
         """
-        return (comm and (op is self.op or op == self.op)
+        return (comm and (op is self.op or op == self.op) and (counts is self.counts or counts == self.counts)
                 and recvbuf.ndim == 1 and recvbuf.dtype is self.recv_dtype and recvbuf.flags.writeable
                 and (sendbuf is MPI.IN_PLACE or (sendbuf.ndim == 1 and sendbuf.dtype is self.send_dtype)))
 
@@ -155,6 +156,10 @@ class Collective:
         and returns the full vector's length.
     reduces : bool
         Whether ``op`` applies (else it is ignored and the schedule has no reductions).
+
+    A call with ``counts`` (the v-variants: the blocks given, a hashable value the collective
+    defines) passes them on as the last argument of ``length`` and ``schedule``; its layouts
+    are kept apart by them.
     """
 
     def __init__(self, name, schedule, length, reduces=True):
@@ -164,36 +169,37 @@ class Collective:
     def __repr__(self):
         return f"Collective({self.name!r})"
 
-    def __call__(self, comm, sendbuf, recvbuf, op="sum"):
+    def __call__(self, comm, sendbuf, recvbuf, op="sum", counts=None):
         """Run on ``comm``; return ``recvbuf`` (conventions of `parallel.collectives.base`)."""
         plan = self.last
         if plan is None or plan.recvbuf is not recvbuf or plan.sendbuf is not sendbuf or plan.comm is not comm:
             plan = _CACHE.get((self, id(comm), id(sendbuf), id(recvbuf)))
-        if plan is not None and plan.fits(comm, sendbuf, recvbuf, op):
+        if plan is not None and plan.fits(comm, sendbuf, recvbuf, op, counts):
             plan.used, self.last = True, plan
             plan.run()
         else:
-            self._first_call((self, id(comm), id(sendbuf), id(recvbuf)), comm, sendbuf, recvbuf, op)
+            self._first_call((self, id(comm), id(sendbuf), id(recvbuf)), comm, sendbuf, recvbuf, op, counts)
         return recvbuf
 
-    def _first_call(self, key, comm, sendbuf, recvbuf, op):
+    def _first_call(self, key, comm, sendbuf, recvbuf, op, counts):
         """Check everything, run on blocking messages, and keep a plan when the buffers are NumPy arrays."""
         send = sendbuf if sendbuf is MPI.IN_PLACE else buffer_array("sendbuf", sendbuf)
         recv = buffer_array("recvbuf", recvbuf)
         source = operands(send, recv)
         ufunc = reduce_ufunc(op, source.dtype) if self.reduces else None
-        n = self.length(comm, source, recv)
-        layout = self._layout(comm, n, recv.dtype, source is recv)
+        given = () if counts is None else (counts,)
+        n = self.length(comm, source, recv, *given)
+        layout = self._layout(comm, n, recv.dtype, source is recv, given)
         arrays = {"in": source, "out": recv, "tmp": layout.scratch}
         run_calls(bind(layout.schedule, comm, arrays, ufunc, False)[0])
         if send is sendbuf and recv is recvbuf:
-            _store(key, _Plan(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf), comm)
+            _store(key, _Plan(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf, counts), comm)
 
-    def _layout(self, comm, n, dtype, in_place):
-        key = (self, id(comm), n, dtype, in_place)
+    def _layout(self, comm, n, dtype, in_place, given):
+        key = (self, id(comm), n, dtype, in_place, given)
         layout = _CACHE.get(key)
         if layout is None:
-            schedule = self.schedule(comm.rank, comm.size, n, dtype.itemsize, in_place)
+            schedule = self.schedule(comm.rank, comm.size, n, dtype.itemsize, in_place, *given)
             layout = _Layout(schedule, dtype, comm)
             _store(key, layout, comm)
         else:

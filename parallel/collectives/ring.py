@@ -7,7 +7,7 @@ phase: bandwidth-optimal, but ``p-1`` messages per phase. The steps are laid out
 once per shape (`parallel.collectives.schedule`) and run from cached plans
 (`parallel.collectives.plans`).
 """
-from parallel.collectives.base import allreduce_length, block_slices, check_block
+from parallel.collectives.base import allreduce_length, block_slices, check_block, check_counts
 from parallel.collectives.plans import Collective
 from parallel.collectives.schedule import Schedule
 
@@ -56,9 +56,10 @@ def ring_schedule(rank, p, n, itemsize=None, in_place=False):
     return schedule
 
 
-def reduce_scatter_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `reduce_scatter_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
-    slices = block_slices(n, p)
+def reduce_scatter_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `reduce_scatter_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`; blocks of
+    `block_range`, or of ``counts`` items)."""
+    slices = block_slices(n, p, counts)
     out = ("out", slices[rank] if in_place else slice(0, slices[rank].stop - slices[rank].start))
     schedule = Schedule()
     if n and p == 1 and not in_place:
@@ -68,11 +69,13 @@ def reduce_scatter_schedule(rank, p, n, itemsize=None, in_place=False):
     return schedule
 
 
-def reduce_scatter_length(comm, source, recvbuf):
+def reduce_scatter_length(comm, source, recvbuf, counts=None):
     """The reduce-scatter's ``n`` (``source``'s length), after checking that an out-of-place ``recvbuf`` is
-    this rank's block."""
+    this rank's block (and ``counts``, when given: `parallel.collectives.base.check_counts`)."""
     if source is not recvbuf:
-        check_block(comm, "recvbuf", recvbuf, source.size)
+        check_block(comm, "recvbuf", recvbuf, source.size, counts)
+    elif counts is not None:
+        check_counts(comm, counts, source.size)
     return source.size
 
 
@@ -83,9 +86,10 @@ def own_block(slices, rank, in_place):
     return ("out", part) if in_place else ("in", slice(0, part.stop - part.start))
 
 
-def allgather_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `allgather_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
-    slices = block_slices(n, p)
+def allgather_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `allgather_ring` on ``rank`` for a full vector of ``n`` items (a `Schedule`; blocks of
+    `block_range`, or of ``counts`` items)."""
+    slices = block_slices(n, p, counts)
     schedule = Schedule()
     if n and not in_place:
         schedule.copy(own_block(slices, rank, in_place), ("out", slices[rank]))
@@ -94,10 +98,13 @@ def allgather_schedule(rank, p, n, itemsize=None, in_place=False):
     return schedule
 
 
-def allgather_length(comm, source, recvbuf):
-    """The allgather's ``n`` (``recvbuf``'s length), after checking that ``source`` is this rank's block."""
+def allgather_length(comm, source, recvbuf, counts=None):
+    """The allgather's ``n`` (``recvbuf``'s length), after checking that ``source`` is this rank's block
+    (and ``counts``, when given: `parallel.collectives.base.check_counts`)."""
     if source is not recvbuf:
-        check_block(comm, "sendbuf", source, recvbuf.size)
+        check_block(comm, "sendbuf", source, recvbuf.size, counts)
+    elif counts is not None:
+        check_counts(comm, counts, recvbuf.size)
     return recvbuf.size
 
 
@@ -132,7 +139,7 @@ def allreduce_ring(comm, sendbuf, recvbuf, op="sum"):
     return _ALLREDUCE(comm, sendbuf, recvbuf, op)
 
 
-def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
+def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum", counts=None):
     """Reduce ``n`` items over all ranks and leave block ``comm.rank`` on each rank (ring).
 
     Parameters
@@ -146,6 +153,9 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
         return its block ``block_range(n, p, rank)`` holds the result and the other
         blocks are left as they were.
     op : {"sum", "max"}
+    counts : tuple of int, optional
+        The v-variant (``MPI_Reduce_scatter``'s ``recvcounts``): block ``j`` has ``counts[j]``
+        items, the blocks one after another, instead of `block_range`'s.
 
     Returns
     -------
@@ -153,12 +163,13 @@ def reduce_scatter_ring(comm, sendbuf, recvbuf, op="sum"):
 
     Notes
     -----
-    Cost per rank: ``(p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma``; scratch: two blocks.
+    Cost per rank: ``(p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma``; scratch: two blocks
+    (with ``counts``: the largest block's items instead of ``n/p``).
     """
-    return _REDUCE_SCATTER(comm, sendbuf, recvbuf, op)
+    return _REDUCE_SCATTER(comm, sendbuf, recvbuf, op, counts)
 
 
-def allgather_ring(comm, sendbuf, recvbuf):
+def allgather_ring(comm, sendbuf, recvbuf, counts=None):
     """Gather every rank's block into the full vector on every rank (ring).
 
     Parameters
@@ -169,6 +180,9 @@ def allgather_ring(comm, sendbuf, recvbuf):
         ``block_range(n, p, rank)``.
     recvbuf : buffer, shape (n,)
         Gets block ``r`` of every rank ``r`` at ``block_range(n, p, r)``.
+    counts : tuple of int, optional
+        The v-variant (``MPI_Allgatherv`` with displacements one after another): block ``r``
+        has ``counts[r]`` items, instead of `block_range`'s.
 
     Returns
     -------
@@ -180,4 +194,4 @@ def allgather_ring(comm, sendbuf, recvbuf):
     own block (``n/p`` bytes). No scratch. Bandwidth-optimal: best for long vectors
     (`parallel.collectives.allgather` has the latency-optimal ones).
     """
-    return _ALLGATHER(comm, sendbuf, recvbuf, None)
+    return _ALLGATHER(comm, sendbuf, recvbuf, None, counts)

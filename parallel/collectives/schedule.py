@@ -70,7 +70,7 @@ class Schedule:
         return schedule
 
 
-def chosen_schedule(choose, schedules, rank, p, n, itemsize, in_place=False):
+def chosen_schedule(choose, schedules, rank, p, n, itemsize, in_place=False, counts=None):
     """The schedule of the algorithm that ``choose(p, n * itemsize)`` names in ``schedules``.
 
     An ``auto`` collective's schedule builder is ``partial(chosen_schedule, choose, SCHEDULES)``:
@@ -86,8 +86,11 @@ def chosen_schedule(choose, schedules, rank, p, n, itemsize, in_place=False):
     rank, p, n, itemsize, in_place
         As the builders take them: this rank, the rank count, the items of the whole vector,
         their size in bytes, in place or not.
+    counts : tuple, optional
+        The blocks of a v-variant, passed on when given (the builders then take them).
     """
-    return schedules[choose(p, n * itemsize)](rank, p, n, itemsize, in_place)
+    build = schedules[choose(p, n * itemsize)]
+    return build(rank, p, n, itemsize, in_place) if counts is None else build(rank, p, n, itemsize, in_place, counts)
 
 
 def bind(schedule, comm, arrays, ufunc, persistent):

@@ -13,6 +13,10 @@ point-to-point messages for any rank count and length (conventions in
   rank count, and a rotation through scratch),
 - ``auto``: `parallel.collectives.allgather.auto` (one of the above by size and rank count).
 
+Each also takes ``counts`` (a tuple of ``p`` block lengths, the blocks one after another:
+``MPI_Allgatherv``'s layout) in place of `block_range`'s blocks; tensor parallelism's row
+blocks of a matrix are such blocks.
+
 `ALLGATHER_SCHEDULES` holds their schedule builders (``(rank, p, n, itemsize, in_place)
 -> Schedule``) under the same names, for the cost models.
 """

@@ -69,10 +69,10 @@ auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 _AUTO = Collective("allgather_auto", auto_schedule, allgather_length, reduces=False)
 
 
-def allgather_auto(comm, sendbuf, recvbuf):
+def allgather_auto(comm, sendbuf, recvbuf, counts=None):
     """Allgather by the algorithm `choose` picks for this size and rank count.
 
-    Parameters and return value as `parallel.collectives.ring.allgather_ring`.
+    Parameters (``counts`` too) and return value as `parallel.collectives.ring.allgather_ring`.
 
     Notes
     -----
@@ -80,4 +80,4 @@ def allgather_auto(comm, sendbuf, recvbuf):
     `allgather_bruck` or `allgather_ring`). Every rank chooses the same, since all pass
     the same length and dtype.
     """
-    return _AUTO(comm, sendbuf, recvbuf, None)
+    return _AUTO(comm, sendbuf, recvbuf, None, counts)

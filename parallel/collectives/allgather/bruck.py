@@ -15,12 +15,13 @@ from parallel.collectives.ring import allgather_length, own_block
 from parallel.collectives.schedule import Schedule
 
 
-def bruck_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `allgather_bruck` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
+def bruck_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `allgather_bruck` on ``rank`` for a full vector of ``n`` items (a `Schedule`; blocks of
+    `block_range`, or of ``counts`` items)."""
     schedule = Schedule()
     if n == 0:
         return schedule
-    slices = block_slices(n, p)
+    slices = block_slices(n, p, counts)
     # rotated[i]: offset in "tmp" of block (rank + i) % p. The blocks of ranks rank .. p-1 come first,
     # their ``head`` items, then those of 0 .. rank-1.
     head = n - slices[rank].start
@@ -45,12 +46,12 @@ def bruck_schedule(rank, p, n, itemsize=None, in_place=False):
 _BRUCK = Collective("allgather_bruck", bruck_schedule, allgather_length, reduces=False)
 
 
-def allgather_bruck(comm, sendbuf, recvbuf):
+def allgather_bruck(comm, sendbuf, recvbuf, counts=None):
     """Gather every rank's block into the full vector on every rank (Bruck's algorithm).
 
     Parameters and return value as `parallel.collectives.ring.allgather_ring` (``sendbuf``:
     this rank's block of `block_range`, shape ``(block_counts(n, p)[rank],)``, or
-    ``MPI.IN_PLACE``; ``recvbuf``: shape ``(n,)``).
+    ``MPI.IN_PLACE``; ``recvbuf``: shape ``(n,)``; ``counts``: the v-variant's blocks).
 
     Notes
     -----
@@ -60,4 +61,4 @@ def allgather_bruck(comm, sendbuf, recvbuf):
     all (``n + n/p`` out of place, where the own block is copied into ``recvbuf`` too).
     Scratch: ``n`` bytes.
     """
-    return _BRUCK(comm, sendbuf, recvbuf, None)
+    return _BRUCK(comm, sendbuf, recvbuf, None, counts)

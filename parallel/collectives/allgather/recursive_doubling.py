@@ -27,12 +27,13 @@ def _real_rank(virtual_rank, extra):
     return 2 * virtual_rank + 1 if virtual_rank < extra else virtual_rank + extra
 
 
-def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `allgather_recursive_doubling` on ``rank`` for a full vector of ``n`` items (a `Schedule`)."""
+def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `allgather_recursive_doubling` on ``rank`` for a full vector of ``n`` items (a `Schedule`;
+    blocks of `block_range`, or of ``counts`` items)."""
     schedule = Schedule()
     if n == 0:
         return schedule
-    slices = block_slices(n, p)
+    slices = block_slices(n, p, counts)
     mine, whole = own_block(slices, rank, in_place), ("out", slice(0, n))
     size = 1 << (p.bit_length() - 1)
     extra = p - size
@@ -63,12 +64,12 @@ _RECURSIVE_DOUBLING = Collective("allgather_recursive_doubling", recursive_doubl
                                  reduces=False)
 
 
-def allgather_recursive_doubling(comm, sendbuf, recvbuf):
+def allgather_recursive_doubling(comm, sendbuf, recvbuf, counts=None):
     """Gather every rank's block into the full vector on every rank (recursive doubling).
 
     Parameters and return value as `parallel.collectives.ring.allgather_ring` (``sendbuf``:
     this rank's block of `block_range`, shape ``(block_counts(n, p)[rank],)``, or
-    ``MPI.IN_PLACE``; ``recvbuf``: shape ``(n,)``).
+    ``MPI.IN_PLACE``; ``recvbuf``: shape ``(n,)``; ``counts``: the v-variant's blocks).
 
     Notes
     -----
@@ -79,4 +80,4 @@ def allgather_recursive_doubling(comm, sendbuf, recvbuf):
     bytes at most per virtual rank. Out of place one local copy of the own block
     (``n/p`` bytes; none on a folded even rank). No scratch.
     """
-    return _RECURSIVE_DOUBLING(comm, sendbuf, recvbuf, None)
+    return _RECURSIVE_DOUBLING(comm, sendbuf, recvbuf, None, counts)

@@ -13,6 +13,11 @@ algorithm's cost next to its code:
 - ``scattered``: `parallel.collectives.alltoall.scattered` (every message in flight at once; medium blocks),
 - ``auto``: `parallel.collectives.alltoall.auto` (one of the above by block size and rank count).
 
+`ALLTOALLV_ALGORITHMS`: those that also take ``counts = (sendcounts, recvcounts)``, blocks
+that differ from pair to pair (``MPI_Alltoallv``): pairwise, scattered and auto (then
+scattered). Bruck's packing needs every pair's count on every rank, which an alltoallv
+rank does not have.
+
 Steps are laid out once per shape and run from cached plans
 (`parallel.collectives.plans`; `parallel.collectives.release_plans` frees them).
 `ALLTOALL_SCHEDULES` holds their schedule builders (``(rank, p, n, itemsize, in_place)
@@ -37,4 +42,6 @@ ALLTOALL_SCHEDULES = {
     "auto": auto_schedule,
 }
 
-__all__ = ["ALLTOALL_ALGORITHMS", "ALLTOALL_SCHEDULES"]
+ALLTOALLV_ALGORITHMS = {name: ALLTOALL_ALGORITHMS[name] for name in ("pairwise", "scattered", "auto")}
+
+__all__ = ["ALLTOALL_ALGORITHMS", "ALLTOALLV_ALGORITHMS", "ALLTOALL_SCHEDULES"]

@@ -56,18 +56,23 @@ def choose(p, block_bytes):
     return "scattered" if block_bytes <= MEDIUM_BYTES else "pairwise"
 
 
-def auto_schedule(rank, p, n, itemsize, in_place=False):
-    """Steps of `alltoall_auto` on ``rank`` for ``n`` items of ``itemsize`` bytes (a `Schedule`)."""
+def auto_schedule(rank, p, n, itemsize, in_place=False, counts=None):
+    """Steps of `alltoall_auto` on ``rank`` for ``n`` items of ``itemsize`` bytes (a `Schedule`); the
+    v-variant (``counts``) takes the scattered algorithm, as MPICH's alltoallv does at any size
+    (``MPIR_Alltoallv_intra_scattered``; a rank knows its own counts only, so ranks could not
+    agree on a choice by size without a message more)."""
+    if counts is not None:
+        return scattered_schedule(rank, p, n, itemsize, in_place, counts)
     return SCHEDULES[choose(p, -(-n // p) * itemsize)](rank, p, n, itemsize, in_place)
 
 
 _AUTO = Collective("alltoall_auto", auto_schedule, alltoall_length, reduces=False)
 
 
-def alltoall_auto(comm, sendbuf, recvbuf):
+def alltoall_auto(comm, sendbuf, recvbuf, counts=None):
     """Alltoall by the algorithm `choose` picks for this block size and rank count.
 
-    Parameters and return value as
+    Parameters (``counts`` too: then the scattered algorithm) and return value as
     `parallel.collectives.alltoall.pairwise.alltoall_pairwise`.
 
     Notes
@@ -76,4 +81,4 @@ def alltoall_auto(comm, sendbuf, recvbuf):
     `parallel.collectives.alltoall.scattered`,
     `parallel.collectives.alltoall.pairwise`).
     """
-    return _AUTO(comm, sendbuf, recvbuf, None)
+    return _AUTO(comm, sendbuf, recvbuf, None, counts)

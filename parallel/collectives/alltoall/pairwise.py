@@ -9,9 +9,10 @@ from parallel.collectives.alltoall.blocks import AlltoallBlocks, alltoall_length
 from parallel.collectives.plans import Collective
 
 
-def pairwise_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `alltoall_pairwise` on ``rank`` for a send vector of ``n`` items (a `Schedule`)."""
-    blocks = AlltoallBlocks(rank, p, n, in_place)
+def pairwise_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `alltoall_pairwise` on ``rank`` for a send vector of ``n`` items (a `Schedule`;
+    ``counts``: the v-variant's, `parallel.collectives.alltoall.blocks`)."""
+    blocks = AlltoallBlocks(rank, p, n, in_place, counts)
     schedule = blocks.start()
     power_of_two = p & (p - 1) == 0
     for step in range(1, p):
@@ -25,7 +26,7 @@ def pairwise_schedule(rank, p, n, itemsize=None, in_place=False):
 _PAIRWISE = Collective("alltoall_pairwise", pairwise_schedule, alltoall_length, reduces=False)
 
 
-def alltoall_pairwise(comm, sendbuf, recvbuf):
+def alltoall_pairwise(comm, sendbuf, recvbuf, counts=None):
     """Alltoall by ``p - 1`` pairwise exchanges.
 
     Parameters
@@ -38,6 +39,10 @@ def alltoall_pairwise(comm, sendbuf, recvbuf):
     recvbuf : buffer, shape (p * c,)
         ``c``: the length of this rank's block, ``block_range(n, p, rank)``. Gets rank
         ``i``'s block for this rank at ``i c .. (i+1) c``.
+    counts : tuple, optional
+        The v-variant (``MPI_Alltoallv``): ``(sendcounts, recvcounts)``, each a tuple of ``p``
+        items; the blocks lie one after another in ``sendbuf`` and ``recvbuf``
+        (`parallel.collectives.alltoall.blocks`). Out of place only.
 
     Returns
     -------
@@ -50,4 +55,4 @@ def alltoall_pairwise(comm, sendbuf, recvbuf):
     of place; in place, ``n`` bytes (a copy of ``recvbuf``). One message in flight
     each way: long messages keep the links busy without flooding any rank.
     """
-    return _PAIRWISE(comm, sendbuf, recvbuf, None)
+    return _PAIRWISE(comm, sendbuf, recvbuf, None, counts)

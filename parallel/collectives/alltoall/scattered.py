@@ -9,9 +9,10 @@ from parallel.collectives.alltoall.blocks import AlltoallBlocks, alltoall_length
 from parallel.collectives.plans import Collective
 
 
-def scattered_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `alltoall_scattered` on ``rank`` for a send vector of ``n`` items (a `Schedule`)."""
-    blocks = AlltoallBlocks(rank, p, n, in_place)
+def scattered_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `alltoall_scattered` on ``rank`` for a send vector of ``n`` items (a `Schedule`;
+    ``counts``: the v-variant's, `parallel.collectives.alltoall.blocks`)."""
+    blocks = AlltoallBlocks(rank, p, n, in_place, counts)
     schedule = blocks.start()
     sends, recvs = [], []
     for offset in range(1, p):
@@ -26,7 +27,7 @@ def scattered_schedule(rank, p, n, itemsize=None, in_place=False):
 _SCATTERED = Collective("alltoall_scattered", scattered_schedule, alltoall_length, reduces=False)
 
 
-def alltoall_scattered(comm, sendbuf, recvbuf):
+def alltoall_scattered(comm, sendbuf, recvbuf, counts=None):
     """Alltoall posting all ``p - 1`` receives and sends at once, then one wait.
 
     Parameters and return value as
@@ -40,4 +41,4 @@ def alltoall_scattered(comm, sendbuf, recvbuf):
     Plus the local copy of the own block (``n / p`` bytes). No scratch out of place;
     in place, ``n`` bytes (a copy of ``recvbuf``).
     """
-    return _SCATTERED(comm, sendbuf, recvbuf, None)
+    return _SCATTERED(comm, sendbuf, recvbuf, None, counts)

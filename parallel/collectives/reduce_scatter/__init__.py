@@ -14,6 +14,9 @@ algorithm's cost next to its code):
   `parallel.collectives.reduce_scatter.pairwise`, on other rank counts),
 - ``auto``: `parallel.collectives.reduce_scatter.auto` (one of the above by size and rank count).
 
+Each also takes ``counts`` (a tuple of ``p`` block lengths, the blocks one after another:
+``MPI_Reduce_scatter``'s ``recvcounts``) in place of `block_range`'s blocks.
+
 `REDUCE_SCATTER_SCHEDULES` holds their schedule builders (``(rank, p, n, itemsize, in_place)
 -> Schedule``) under the same names, for the cost models.
 """

@@ -58,10 +58,10 @@ auto_schedule = partial(chosen_schedule, choose, SCHEDULES)
 _AUTO = Collective("reduce_scatter_auto", auto_schedule, reduce_scatter_length)
 
 
-def reduce_scatter_auto(comm, sendbuf, recvbuf, op="sum"):
+def reduce_scatter_auto(comm, sendbuf, recvbuf, op="sum", counts=None):
     """Reduce-scatter by the algorithm `choose` picks for this size and rank count.
 
-    Parameters and return value as `parallel.collectives.ring.reduce_scatter_ring`.
+    Parameters (``counts`` too) and return value as `parallel.collectives.ring.reduce_scatter_ring`.
 
     Notes
     -----
@@ -70,4 +70,4 @@ def reduce_scatter_auto(comm, sendbuf, recvbuf, op="sum"):
     is at most `LONG_BYTES` or on two ranks, else the ring (``(p-1) alpha + (p-1)/p n beta +
     (p-1)/p n gamma``). Every rank chooses the same, since all pass the same length and dtype.
     """
-    return _AUTO(comm, sendbuf, recvbuf, op)
+    return _AUTO(comm, sendbuf, recvbuf, op, counts)

@@ -10,7 +10,6 @@ commute, so the order in which partial results meet does not matter. Buffers as 
 `parallel.collectives.ring.reduce_scatter_ring`; conventions and cost notation as in
 `parallel.collectives.base`.
 """
-from kernels.distribution import block_offsets
 from parallel.collectives.base import block_slices
 from parallel.collectives.plans import Collective
 from parallel.collectives.power_of_two import halving_groups, trivial_schedule
@@ -19,7 +18,7 @@ from parallel.collectives.ring import reduce_scatter_length
 from parallel.collectives.schedule import Schedule
 
 
-def _halving_steps(schedule, rank, p, n, out, in_place):
+def _halving_steps(schedule, rank, p, slices, out, in_place):
     """Recursive halving on ``p = 2**k`` ranks into view ``out``, partials in "tmp".
 
     Partials are kept in "tmp" at their offset from the start of the first group this rank keeps
@@ -27,7 +26,7 @@ def _halving_steps(schedule, rank, p, n, out, in_place):
     halves land where they are reduced at the first step, in "out" at the last step out of place
     (``recvbuf`` holds nothing yet), and otherwise in "tmp" after the partials.
     """
-    steps = list(halving_groups(rank, p, block_offsets(n, p) + [n]))
+    steps = list(halving_groups(rank, p, [part.start for part in slices] + [slices[-1].stop]))
     first = steps[0][1]
     width = first.stop - first.start
 
@@ -49,18 +48,19 @@ def _halving_steps(schedule, rank, p, n, out, in_place):
         schedule.exchange(outgoing, partner, incoming, partner, reduce=(held, incoming, target))
 
 
-def recursive_halving_schedule(rank, p, n, itemsize=None, in_place=False):
-    """Steps of `reduce_scatter_recursive_halving` on ``rank`` for ``n`` items (a `Schedule`)."""
+def recursive_halving_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
+    """Steps of `reduce_scatter_recursive_halving` on ``rank`` for ``n`` items (a `Schedule`; blocks of
+    `block_range`, or of ``counts`` items)."""
     schedule = trivial_schedule(p, n, in_place)
     if schedule is not None:
         return schedule
-    schedule, slices = Schedule(), block_slices(n, p)
+    schedule, slices = Schedule(), block_slices(n, p, counts)
     mine = slices[rank]
     out = ("out", mine if in_place else slice(0, mine.stop - mine.start))
     if p & (p - 1):
         pairwise_steps(schedule, rank, p, slices, out)
     else:
-        _halving_steps(schedule, rank, p, n, out, in_place)
+        _halving_steps(schedule, rank, p, slices, out, in_place)
     return schedule
 
 
@@ -68,7 +68,7 @@ _RECURSIVE_HALVING = Collective("reduce_scatter_recursive_halving", recursive_ha
                                 reduce_scatter_length)
 
 
-def reduce_scatter_recursive_halving(comm, sendbuf, recvbuf, op="sum"):
+def reduce_scatter_recursive_halving(comm, sendbuf, recvbuf, op="sum", counts=None):
     """Reduce ``n`` items over all ranks and leave block ``comm.rank`` on each rank (recursive halving).
 
     Parameters and return value as `parallel.collectives.ring.reduce_scatter_ring` (in place, the
@@ -84,4 +84,4 @@ def reduce_scatter_recursive_halving(comm, sendbuf, recvbuf, op="sum"):
     counts, pairwise exchange: ``(p-1) alpha + (p-1)/p n beta + (p-1)/p n gamma``, scratch one
     block.
     """
-    return _RECURSIVE_HALVING(comm, sendbuf, recvbuf, op)
+    return _RECURSIVE_HALVING(comm, sendbuf, recvbuf, op, counts)
