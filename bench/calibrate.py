@@ -49,6 +49,7 @@ from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of, sleeping_barrier
 from bench.provenance import mpi_library
+from bench.stability import table_spread
 from bench.local_rates import FULL, QUICK, ROUNDS, check_suites, local_rates, measure_interleaved
 from kernels.errors import InputError
 
@@ -111,7 +112,9 @@ def calibrate(comm, quick=False):
     node.Free()
     if comm.rank == 0 and failure is None:
         try:  # the other ranks sleep: a failure here reaches them through the broadcast below
-            result.update(_alone_rates(cores, rates), scope="inter-node" if away else "intra-node", quick=quick)
+            alone = _alone_rates(cores, rates)
+            result.update(alone, spread={**result["spread"], **alone["spread"]},
+                          scope="inter-node" if away else "intra-node", quick=quick)
         except Exception as error:  # noqa: BLE001 - raised on every rank below
             failure = failure_of(error, comm.rank)
         if busy is not None:
@@ -181,6 +184,8 @@ def _measure_pair(pair, plan):
     tables = {"pingpong": [], "exchange": [], "stream": [], "allreduce": []}
     for (table, n), value in zip(entries, seconds.tolist()):
         tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1)])
+    spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in samples.items()
+                                                                  if name == table) for table in tables}))
     overhead = _proc_null_seconds(pair)
     if pair.rank != 0:
         return None
@@ -188,9 +193,15 @@ def _measure_pair(pair, plan):
     beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
     alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
     return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
-                **tables,
+                **tables, spread=spreads,
                 mpi_library=mpi_library(), host=socket.gethostname(),
                 timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _larger_spreads(per_rank):
+    """The larger of each table's spread over the ranks' dicts of them (None when a table has none)."""
+    return {table: None if any(spreads[table] is None for spreads in per_rank) else
+            max(spreads[table] for spreads in per_rank) for table in per_rank[0]}
 
 
 def _buffers(nbytes):
@@ -295,4 +306,5 @@ def _alone_rates(cores, plan):
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=one["kernel_rows"],
                 gamma_s_per_byte=(t1 - t0) / (n1 - n0), memcpy_bytes_per_s=largest / seconds,
                 gemm_sizes=list(plan.gemm_sizes), gemm_flops_per_s=one["gemm"]["float64"][-1],
-                dp_rows=list(plan.dp_rows))
+                dp_rows=list(plan.dp_rows),
+                spread=dict(one_thread=one["spread"], **(dict(all_cores=every["spread"]) if cores > 1 else {})))

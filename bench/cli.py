@@ -21,6 +21,7 @@ from bench.options import add_measure_options, make_config
 from bench.registry import SUITES, case_class
 from bench.settings import canonical
 from bench.slurm import add_slurm_options, command_slurm
+from bench.stability import MAX_SPREAD, check_max_spread, judge_calibration
 from bench.units import parse_ranks
 from kernels.errors import InputError
 
@@ -62,6 +63,11 @@ def build_parser():
                            "measuring; written whole or not at all)")
     calibrate.add_argument("--quick", action="store_true", help="the same tables at fewer sizes, in one round "
                            "(a few seconds): rough figures for tests and a first look")
+    calibrate.add_argument("--max-spread", type=float, metavar="X", default=MAX_SPREAD,
+                           help=f"a table is unstable when the median over its entries of their rounds' "
+                                f"interquartile range over their median exceeds X (default {MAX_SPREAD})")
+    calibrate.add_argument("--force", action="store_true",
+                           help="write the file even when a table is unstable (each is named; reports warn)")
     calibrate.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
     calibrate.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     slurm = commands.add_parser("slurm", help="render (and --submit) sbatch scripts for a sweep over node counts")
@@ -225,6 +231,7 @@ def command_calibrate(args, argv, out):
     from bench.calibrate import check_output_path
 
     check_output_path(args.out)
+    check_max_spread(args.max_spread)
     if not args.in_job:
         from bench.launch import run_under_mpi
 
@@ -240,7 +247,9 @@ def command_calibrate(args, argv, out):
             _line_writer(sys.stderr)(f"mlscale: error: {error}")
         return EXIT_WRONG
     if comm.rank == 0:
-        write_calibration(args.out, constants)
+        for line in judge_calibration(constants, args.max_spread, args.force, args.out):
+            out(line)
+        write_calibration(args.out, dict(constants, max_spread=args.max_spread))
         out(f"calibrate ({constants['scope']}{', quick' if args.quick else ''}): overhead "
             f"{constants['overhead_s'] * 1e6:.2f} us + alpha "
             f"{constants['alpha_s'] * 1e6:.2f} us per message, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"

@@ -15,7 +15,8 @@ sweep do).
   sizes of `DP_ROWS`, by dtype;
 - ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
   8 B .. 32 MiB (`LOCAL_SIZES`);
-- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64.
+- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64;
+- ``spread``: each table's `bench.stability.table_spread` over the rounds (None in one round).
 
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
 or `QUICK` (``--quick``: fewer sizes, one round, short samples; the same tables, coarser).
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
+
+from bench.stability import table_spread
 
 LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
 GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -64,7 +67,8 @@ def local_rates(threads, comm=None, plan=FULL):
     suites = {"conv": {}, "attention": {}}
     with threadpool_limits(limits=threads), ExitStack() as stack:
         items = _items(stack, plan)
-        seconds = measure_interleaved(items, comm, plan.rounds, plan.least)
+        samples = interleaved_samples(items, comm, plan.rounds, plan.least)
+        seconds = _medians(samples)
         for (suite, variant, dtype), (case, state) in items.points.items():
             rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
             suites[suite].setdefault(dtype, {})[variant] = rate
@@ -73,12 +77,32 @@ def local_rates(threads, comm=None, plan=FULL):
                 dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in plan.dp_rows] for dtype in DTYPES},
                 reduce=[[n, seconds["reduce", n]] for n in plan.local_sizes],
                 copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
-                kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / seconds["kernel"])
+                kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / seconds["kernel", KERNEL_DIM], spread=_table_spreads(samples))
+
+
+def _table_spreads(samples):
+    """`bench.stability.table_spread` of each table (its name: the key's first part, a suite's name for the
+    suites' kernels), or None for a one-round plan."""
+    tables = {}
+    for key, values in samples.items():
+        name = key[1] if key[0] == "suite" else {"kernel": "kernel_rows", "dp": "dp_step"}.get(key[0], key[0])
+        tables.setdefault(name, []).append(values)
+    spreads = {name: table_spread(lists) for name, lists in tables.items()}
+    return None if None in spreads.values() else spreads
 
 
 def measure_interleaved(items, comm=None, rounds=ROUNDS, least=LEAST_S):
-    """Median seconds per call of each callable of the dict ``items``, over ``rounds`` rounds that call
-    each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks)."""
+    """Median seconds per call of each callable of the dict ``items`` over `interleaved_samples`."""
+    return _medians(interleaved_samples(items, comm, rounds, least))
+
+
+def _medians(samples):
+    return {key: float(np.median(values)) for key, values in samples.items()}
+
+
+def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S):
+    """Seconds per call of each callable of the dict ``items``, one sample per round of ``rounds`` rounds that
+    call each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks)."""
     loops = {}
     for key, function in items.items():
         function()  # the first call may build caches: not timed
@@ -98,7 +122,7 @@ def measure_interleaved(items, comm=None, rounds=ROUNDS, least=LEAST_S):
             for _ in range(loops[key]):
                 function()
             samples[key].append((MPI.Wtime() - start) / loops[key])
-    return {key: float(np.median(values)) for key, values in samples.items()}
+    return samples
 
 
 class _Items(dict):
@@ -124,7 +148,7 @@ def _items(stack, plan):
         vector, other = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
         items["reduce", nbytes] = _adder(vector, other)
         items["copy", nbytes] = _copier(other, vector)
-    items["kernel"] = _kernel_block()
+    items["kernel", KERNEL_DIM] = _kernel_block()
     return items
 
 

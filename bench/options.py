@@ -12,7 +12,7 @@ from bench.case import parse_variants
 from bench.registry import case_class
 from bench.resources import check_job, check_local
 from bench.settings import resolve
-from bench.stability import (MAX_POINT_SECONDS, MAX_SPREAD, POINT_SECONDS_VARIABLE, SAMPLES_FACTOR,
+from bench.stability import (MAX_POINT_SECONDS, MAX_SPREAD, POINT_SECONDS_VARIABLE, SAMPLES_FACTOR, check_max_spread,
                              max_point_seconds)
 from bench.progress import parse_duration
 from bench.units import parse_ranks, parse_size, parse_sizes
@@ -118,8 +118,7 @@ def make_config(args, job_size, comm=None):
             raise InputError(f"{name} must be >= 1, got {value}")
     if args.warmup is not None and args.warmup < 0:
         raise InputError(f"--warmup must be >= 0, got {args.warmup}")
-    if not 0 < args.max_spread < float("inf"):
-        raise InputError(f"--max-spread must be a number > 0, got {args.max_spread}")
+    check_max_spread(args.max_spread)
     config = SweepConfig(
         suite=case.name, variants=variants, sizes=parse_sizes(args.sizes or case.default_sizes),
         ranks=parse_ranks(args.ranks, job_size) if args.ranks else [job_size],

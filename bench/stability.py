@@ -56,11 +56,55 @@ def max_point_seconds(option, environ):
     return seconds
 
 
+def check_max_spread(value):
+    """`kernels.errors.InputError` unless ``--max-spread`` ``value`` is a number > 0."""
+    if not 0 < value < float("inf"):
+        raise InputError(f"--max-spread must be a number > 0, got {value}")
+
+
 def spread(samples):
     """``(q75 - q25) / median`` of ``samples`` (seconds; 0 when the median is 0)."""
     median = float(np.median(samples))
     lower, upper = np.percentile(samples, [25, 75])
     return float((upper - lower) / median) if median > 0 else 0.0
+
+
+def table_spread(samples_by_entry):
+    """The spread of a calibrated table: the median over its entries of each entry's `spread` (its samples
+    over the rounds); None with fewer than two samples per entry (``calibrate --quick``: one round)."""
+    lists = list(samples_by_entry)
+    if not lists or min(len(samples) for samples in lists) < 2:
+        return None
+    return float(np.median([spread(samples) for samples in lists]))
+
+
+def unstable_tables(constants, max_spread):
+    """``(name, spread)`` of each table of a calibration whose spread (`table_spread`) is above
+    ``max_spread``: the message tables by name, the local rates as ``one_thread.gemm``, ``all_cores.gemm``,
+    ``busy.gemm``...; none in a quick one (one round: no spread)."""
+    found = []
+
+    def visit(prefix, spreads):
+        for name, value in (spreads or {}).items():
+            if isinstance(value, dict):
+                visit(f"{prefix}{name}.", value)
+            elif value is not None and value > max_spread:
+                found.append((prefix + name, value))
+    visit("", constants.get("spread"))
+    visit("busy.", constants.get("busy", {}).get("spread"))
+    return found
+
+
+def judge_calibration(constants, max_spread, force, path):
+    """The ``#`` lines naming each unstable table of a calibration (`unstable_tables`) for ``calibrate`` to print
+    before it writes ``path``; `kernels.errors.InputError` (nothing written) when there is one and not ``force``."""
+    unstable = unstable_tables(constants, max_spread)
+    if unstable and not force:
+        raise InputError(f"{len(unstable)} calibration table(s) unstable (spread > {max_spread:g}): "
+                         f"{', '.join(name for name, _ in unstable)}; {path} not written: run again on a quieter "
+                         f"node, or give --force to write it")
+    return [f"# unstable: calibration table {name}: spread {value:.2f} > {max_spread:g} (its rounds disagree; "
+            f"is the node busy?)" for name, value in unstable]
 
 
 def unstable_note(row, max_spread):

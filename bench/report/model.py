@@ -15,6 +15,7 @@ compute rates (and the exchange, window and ``dp`` step tables) existed lacks `K
 import json
 import math
 
+from bench.stability import MAX_SPREAD, unstable_tables
 from kernels.errors import InputError
 
 #: Positive numbers every calibration holds.
@@ -36,7 +37,8 @@ def load_calibration(path):
     JSON object, lacks one of `KEYS` (an older file: re-run calibrate), holds a
     constant of `NUMBERS` that is not a finite number > 0, a table (of `TABLES`, also
     under ``busy``) that is not a non-empty list or object of finite numbers (nested
-    lists and objects, none empty), or names an unknown ``scope``.
+    lists and objects, none empty), or names an unknown ``scope``. Records in ``unstable`` the names of its
+    tables whose spread is above the ``max_spread`` it was written with (`bench.stability.unstable_tables`).
     """
     try:
         with open(path, encoding="utf-8") as handle:
@@ -68,7 +70,19 @@ def load_calibration(path):
     if scope not in SCOPES:
         raise InputError(f"{path}: scope must be one of {', '.join(SCOPES)}, got {json.dumps(scope)}")
     calib["path"] = path
+    calib["unstable"] = [name for name, _ in unstable_tables(calib, calib.get("max_spread", MAX_SPREAD))]
     return calib
+
+
+def unstable_note(calib):
+    """The report's warning line about the unstable tables of the calibrations in ``calib`` (written with
+    ``calibrate --force``), or None when none is."""
+    parts = [f"{part['path']} ({', '.join(part['unstable'])})" for part in (calib, calib.get("inter") or {})
+             if part.get("unstable")]
+    if not parts:
+        return None
+    return (f"report: warning: unstable calibration tables in {'; '.join(parts)}: the predictions resting on them "
+            f"are as unsteady (run mlscale calibrate again on a quieter node)")
 
 
 def load_calibrations(paths):
@@ -86,7 +100,8 @@ def load_calibrations(paths):
     combined = dict(by_scope.get("intra-node") or by_scope["inter-node"])
     if "inter-node" in by_scope:
         inter = by_scope["inter-node"]
-        combined["inter"] = dict({key: inter[key] for key in MESSAGE_KEYS}, path=inter["path"])
+        combined["inter"] = dict({key: inter[key] for key in MESSAGE_KEYS}, path=inter["path"],
+                                 unstable=inter["unstable"])
     return combined
 
 

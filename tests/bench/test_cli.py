@@ -130,9 +130,11 @@ def test_report_gives_the_reference_ratio_and_no_speedup_for_a_collective(tmp_pa
 
 def test_calibrate_then_report_with_model_and_projection(tmp_path):
     calib = str(tmp_path / "calib.json")
-    status, out, err = mlscale("calibrate", "--out", calib)
+    status, out, err = mlscale("calibrate", "--out", calib, "--max-spread", "1e-9", "--force")  # every table
     assert status == 0, err
-    assert "alpha" in out
+    assert "alpha" in out and "# unstable: calibration table pingpong: spread " in out
+    spreads = json.loads(open(calib).read())["spread"]
+    assert all(spreads[table] > 1e-9 for table in ("pingpong", "exchange", "stream", "allreduce"))
     path = str(tmp_path / "a.csv")
     assert mlscale("sweep", "gemv", "--np", "2", "--ranks", "1,2", "--sizes", "256", "--iters", "2",
                    "--variants", "rows,cols", "--max-spread", "1e9", "--csv", path)[0] == 0  # stable on a busy node
@@ -141,6 +143,7 @@ def test_calibrate_then_report_with_model_and_projection(tmp_path):
     assert status == 0, err
     assert "report: gemv model error at >= 2 ranks: median " in out
     assert f"report: projection to 64, 1024 ranks uses intra-node constants of {calib}" in out
+    assert f"report: warning: unstable calibration tables in {calib} (pingpong, " in err  # warnings: stderr
     projected = rows_of(str(tmp_path / "rep" / "projection.csv"))
     assert {r["ranks"] for r in projected} == {"64", "1024"}
     status, _, err = mlscale("report", path, "--project", "64")

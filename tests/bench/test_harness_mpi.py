@@ -104,6 +104,8 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
     constants = calibrate(comm, quick=True)
     assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1] and constants["quick"] is True
+    assert {"pingpong", "exchange", "stream", "allreduce", "one_thread"} <= set(constants["spread"])
+    assert set(constants["spread"].values()) == {None}  # one round: no spread
     assert comm.allgather(constants) == [constants] * comm.size
     assert set(KEYS) <= set(constants) and constants["scope"] in ("intra-node", "inter-node")
     assert all(constants[key] > 0 for key in ("alpha_s", "beta_s_per_byte", "overhead_s", "gamma_s_per_byte",
