@@ -12,8 +12,11 @@ One run is one forward and one backward pass of the block ``hidden -> ffn -> hid
 
 Both parallel variants split ``ffn`` over the ranks (any remainder; ``ffn >= p``).
 
-Settings (`bench.models.tp.SETTINGS`, recorded in params): model width ``h`` and inner width ``f``
-(default ``4 h``).
+Settings (`bench.models.tp.SETTINGS`, recorded in params): model width ``h``, inner width ``f``
+(default ``4 h``), and ``TP_COLLECTIVES``, the algorithms of the exchanges: ``mpi`` (MPI's
+calls), or a family of hand-written ones (`parallel.tensor.exchange`: ``ring``, ``recursive``,
+``auto``), so a sweep shows what the algorithm does to a training step; the bytes counted are
+MPI's calls' whatever runs, and the check is the same.
 
 Inputs ``x`` and ``dy`` (T, h) are standard normal from a seed, the same on every
 rank (each keeps its token shard in ``sequence``). Check: on every rank, the full
@@ -46,6 +49,7 @@ from bench.case import Case, Metrics
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.models.tp import TensorParallelModel
 from kernels.errors import InputError
+from parallel.collectives import release_plans
 from parallel.tensor.tensor_parallel import ParallelMLP, serial_mlp, token_shard
 
 SEED = 2024
@@ -81,7 +85,7 @@ class TensorParallel(Case):
             model = serial_mlp(hidden, ffn, SEED, dtype)
         else:
             model = ParallelMLP(backend.comm(comm), hidden, ffn, SEED, dtype,
-                                sequence_parallel=variant == "sequence")
+                                sequence_parallel=variant == "sequence", collectives=self.config["collectives"])
         rng = np.random.default_rng(SEED)
         x, dy = (backend.from_host(rng.standard_normal((size, hidden)).astype(dtype)) for _ in range(2))
         tokens = token_shard(comm, size) if variant == "sequence" else slice(None)
@@ -111,3 +115,6 @@ class TensorParallel(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
+
+    def teardown(self, state):
+        release_plans(state.comm)

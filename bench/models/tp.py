@@ -5,19 +5,27 @@ import numpy as np
 
 from bench.models import terms
 from bench.models.base import Model
-from bench.settings import Setting, integer
+from bench.models.chosen import hand_written
+from bench.settings import Setting, choice, integer
+from kernels.distribution import block_counts
 from kernels.errors import InputError
+from parallel.collectives.allgather import ALLGATHER_SCHEDULES
+from parallel.collectives.reduce_scatter import REDUCE_SCATTER_SCHEDULES
+from parallel.tensor.exchange import FAMILIES, TENSOR_COLLECTIVES
 
 SETTINGS = (
     Setting("TP_HIDDEN", integer, 1024, 1, "model width h"),
     Setting("TP_FFN", integer, None, 1, "inner width f (default 4 h)"),
+    Setting("TP_COLLECTIVES", choice, "mpi", TENSOR_COLLECTIVES,
+            "algorithms of the allreduce / allgather / reduce-scatter: MPI's, or hand-written: ring; "
+            "recursive (Rabenseifner, recursive doubling, recursive halving); auto (each one's auto)"),
 )
 
 
 def read_settings(settings):
-    """Block sizes ``hidden`` and ``ffn`` from the suite's ``settings``."""
+    """Block sizes ``hidden`` and ``ffn`` and the ``collectives`` from the suite's ``settings``."""
     hidden = settings["TP_HIDDEN"]
-    return dict(hidden=hidden, ffn=settings["TP_FFN"] or 4 * hidden)
+    return dict(hidden=hidden, ffn=settings["TP_FFN"] or 4 * hidden, collectives=settings["TP_COLLECTIVES"])
 
 
 class TensorParallelModel(Model):
@@ -36,16 +44,24 @@ class TensorParallelModel(Model):
     def predict(self, variant, size, ranks, calib):
         """Six GEMMs of (T, h) x (h, ceil(f / p)) (two forward, four backward; `terms.gemm`), the ReLU,
         and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
-        of T h (sequence)."""
-        hidden, ffn = self.config["hidden"], self.config["ffn"]
+        of T h (sequence): MPI's (its library terms) or the hand-written family ``TP_COLLECTIVES``
+        names (`terms.allreduce` of the algorithm; the allgather and reduce-scatter from their
+        schedules on the row blocks, `bench.models.chosen`)."""
+        hidden, ffn, collectives = self.config["hidden"], self.config["ffn"], self.config["collectives"]
         item, local = terms.itemsize(calib), math.ceil(ffn / ranks)
         compute = 6 * terms.gemm(calib, size, local, hidden, ranks) + 3 * terms.copy(calib, size * local * item)
         activations = size * hidden * item
         if variant == "serial":
             return compute
+        names = FAMILIES.get(collectives, ("mpi",) * 3)
         if variant == "allreduce":
-            return compute + 2 * terms.allreduce(calib, activations, ranks)
-        exchange = terms.allgather(calib, activations, ranks) + terms.reduce_scatter(calib, activations, ranks)
+            return compute + 2 * terms.allreduce(calib, activations, ranks, names[0])
+        if collectives == "mpi":
+            exchange = terms.allgather(calib, activations, ranks) + terms.reduce_scatter(calib, activations, ranks)
+        else:
+            blocks = tuple(rows * hidden for rows in block_counts(size, ranks))
+            exchange = sum(hand_written(calib, builders[name], ranks, size * hidden, item, blocks)
+                           for builders, name in ((ALLGATHER_SCHEDULES, names[1]), (REDUCE_SCATTER_SCHEDULES, names[2])))
         return compute + 2 * (exchange + terms.allgather(calib, 8 * ranks, ranks))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

@@ -13,16 +13,20 @@ with mpi4py's own signatures (and `CountingComm.sum_in_place`, an in-place ``All
   an ``Alltoallv`` send buffer is ``[array, (counts, displs)]``, counts in items.
 
 A buffer is an array or an mpi4py buffer specification whose first item is the
-array (its whole ``nbytes`` counts). Any other transfer is a `TypeError` (so
+array (its whole ``nbytes`` counts). `CountingComm.run` runs a hand-written
+collective in place of MPI's call and counts it as that call (the same bytes,
+whatever the algorithm sends). Any other transfer is a `TypeError` (so
 every transfer made through it is counted); everything else (``rank``,
 ``Probe``, ``Barrier``...) is the wrapped communicator's. It wraps any
 communicator, a `kernels.comm.device.DeviceComm` too (counting what that one
 stages), or another `CountingComm` (both count).
 """
+import functools
+
 from mpi4py import MPI
 
 from kernels.comm.traffic import TrafficCounter
-from kernels.comm.wrapper import CommWrapper, is_transfer
+from kernels.comm.wrapper import CommWrapper, backend_of, is_transfer, raw_comm
 
 _COUNTED = ("Send", "Recv", "Bcast", "Allreduce", "Allgatherv", "Reduce_scatter", "Alltoall", "Alltoallv")
 
@@ -60,6 +64,18 @@ class CountingComm(CommWrapper, TrafficCounter):
         with self.timed():
             getattr(self.wrapped, name)(*args, **kwargs)
         self.add(kind, nbytes)
+
+    def run(self, kind, nbytes, algorithm, *arrays, outputs=None):
+        """Run ``algorithm(comm, *arrays)`` (a hand-written collective, `parallel.collectives`) on the
+        MPI communicator under this wrapper; time it and count it as a ``kind`` transfer of ``nbytes``
+        (the count of the MPI call it replaces). Over a `kernels.comm.device.DeviceComm` the device
+        ``arrays`` are staged as one call (`kernels.backend.Backend.staged`: copied to pinned host
+        buffers, and the indices ``outputs`` back; default all); return what ``algorithm`` returns."""
+        device, call = backend_of(self), functools.partial(algorithm, raw_comm(self))
+        with self.timed():
+            result = call(*arrays) if device is None else device.staged(call, *arrays, outputs=outputs)
+        self.add(kind, nbytes)
+        return result
 
     def sum_in_place(self, array):
         """Sum a contiguous ``array`` over the ranks, in place (one counted ``Allreduce``); return it."""

@@ -40,51 +40,16 @@ integer per rank: the token counts). The layers' ``counter``, a
 `kernels.comm.counting.CountingComm`, adds up these nominal ring bytes by the
 convention of `kernels.comm.traffic` (``2 (p-1)/p n`` per allreduce, ``(p-1)/p n``
 per allgather or reduce-scatter, the token counts not included: a check of the
-layout, made on the raw communicator), whatever algorithm MPI picks.
+layout, made on the raw communicator), whatever algorithm runs: MPI's, or the
+hand-written family ``collectives`` names (`parallel.tensor.exchange`).
 """
 import numpy as np
-from mpi4py import MPI
 
-from kernels.backend import array_module
-from kernels.comm import raw_comm
 from kernels.comm.counting import CountedCommunication, CountingComm
-from kernels.distribution import block_counts, block_offsets, block_range
+from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.layers import Linear, ReLU, Sequential
-
-
-def allgather_rows(counter, local):
-    """Concatenate every rank's row block ``local`` (rows ``block_range(T, p, rank)``) into ``(T, ...)``.
-
-    One ``Allgatherv`` on ``counter`` (a `CountingComm`), after an ``Allgather`` of
-    the row counts that checks the layout (an `InputError` on every rank
-    otherwise), timed but not counted.
-    """
-    ranks = counter.size
-    counts = np.empty(ranks, dtype=np.int64)
-    with counter.timed():
-        raw_comm(counter).Allgather(np.array([local.shape[0]], dtype=np.int64), counts)
-    total = int(counts.sum())
-    rows, offsets = block_counts(total, ranks), block_offsets(total, ranks)
-    if counts.tolist() != rows:
-        raise InputError(f"sequence parallel: the ranks hold {counts.tolist()} tokens; expected the "
-                         f"block_range layout {rows} of {total} tokens")
-    width = int(np.prod(local.shape[1:]))
-    xp = array_module(local)
-    full = xp.empty((total,) + local.shape[1:], dtype=local.dtype)
-    counter.Allgatherv(xp.ascontiguousarray(local), [full, ([c * width for c in rows], [o * width for o in offsets])])
-    return full
-
-
-def reduce_scatter_rows(counter, full):
-    """Sum ``full`` (T, ...) over the ranks of ``counter`` (a `CountingComm`) and return this rank's rows
-    ``block_range(T, p, rank)`` (one ``Reduce_scatter``)."""
-    rows = block_counts(full.shape[0], counter.size)
-    width = int(np.prod(full.shape[1:]))
-    xp = array_module(full)
-    local = xp.empty((rows[counter.rank],) + full.shape[1:], dtype=full.dtype)
-    counter.Reduce_scatter(xp.ascontiguousarray(full), local, recvcounts=[c * width for c in rows], op=MPI.SUM)
-    return local
+from parallel.tensor.exchange import TensorExchange
 
 
 def serial_mlp(hidden, ffn, seed=0, dtype=np.float32):
@@ -102,7 +67,8 @@ def token_shard(comm, tokens):
 class _ParallelLinear(CountedCommunication, Linear):
     """Shared set-up: build the serial `Linear` from ``rng`` and keep this rank's block of one axis."""
 
-    def __init__(self, comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis):
+    def __init__(self, comm, in_features, out_features, rng, dtype, sequence_parallel, counter, collectives,
+                 split_axis):
         split = (in_features, out_features)[split_axis]
         if min(in_features, out_features) < 1 or split < comm.size:
             raise InputError(f"{type(self).__name__}: cannot split {split} {('input', 'output')[split_axis]} "
@@ -120,6 +86,7 @@ class _ParallelLinear(CountedCommunication, Linear):
         self.comm = comm
         self.sequence_parallel = bool(sequence_parallel)
         self.counter = counter if counter is not None else CountingComm(comm)
+        self.exchange = TensorExchange(self.counter, collectives)
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -139,6 +106,8 @@ class ColumnParallelLinear(_ParallelLinear):
         instead of replicated (identity forward, allreduce backward).
     counter : kernels.comm.counting.CountingComm, optional
         ``comm`` counted, shared (a block's layers add into one); a new one by default.
+    collectives : str
+        ``"mpi"`` or a hand-written family (`parallel.tensor.exchange.TENSOR_COLLECTIVES`).
 
     Shapes: ``forward(x)``: ``x`` (T, in) replicated, or (T_r, in) sharded; returns
     (T, out_r). ``backward(dy_local)``: (T, out_r); returns ``dx`` (T, in) summed over
@@ -146,17 +115,18 @@ class ColumnParallelLinear(_ParallelLinear):
     """
 
     def __init__(self, comm, in_features, out_features, rng=0, dtype=np.float32, sequence_parallel=False,
-                 counter=None):
-        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=1)
+                 counter=None, collectives="mpi"):
+        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, collectives,
+                         split_axis=1)
 
     def forward(self, x):
         x = x.astype(self.dtype, copy=False)
-        return super().forward(allgather_rows(self.counter, x) if self.sequence_parallel else x)
+        return super().forward(self.exchange.allgather_rows(x) if self.sequence_parallel else x)
 
     def backward(self, dy_local):
         partial = super().backward(dy_local.astype(self.dtype, copy=False))
-        return reduce_scatter_rows(self.counter, partial) if self.sequence_parallel else \
-            self.counter.sum_in_place(partial)
+        return self.exchange.reduce_scatter_rows(partial) if self.sequence_parallel else \
+            self.exchange.sum_in_place(partial)
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -170,8 +140,9 @@ class RowParallelLinear(_ParallelLinear):
     """
 
     def __init__(self, comm, in_features, out_features, rng=0, dtype=np.float32, sequence_parallel=False,
-                 counter=None):
-        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, split_axis=0)
+                 counter=None, collectives="mpi"):
+        super().__init__(comm, in_features, out_features, rng, dtype, sequence_parallel, counter, collectives,
+                         split_axis=0)
 
     def forward(self, x_local):
         x_local = x_local.astype(self.dtype, copy=False)
@@ -181,13 +152,14 @@ class RowParallelLinear(_ParallelLinear):
                              f"{self.comm.rank}, got {x_local.shape}")
         self._x = x_local
         partial = x_local @ weight
-        y = reduce_scatter_rows(self.counter, partial) if self.sequence_parallel else self.counter.sum_in_place(partial)
+        y = self.exchange.reduce_scatter_rows(partial) if self.sequence_parallel else \
+            self.exchange.sum_in_place(partial)
         y += self.params["bias"]
         return y
 
     def backward(self, dy):
         dy = dy.astype(self.dtype, copy=False)
-        return super().backward(allgather_rows(self.counter, dy) if self.sequence_parallel else dy)
+        return super().backward(self.exchange.allgather_rows(dy) if self.sequence_parallel else dy)
 
 
 class ParallelMLP(CountedCommunication, Sequential):
@@ -210,19 +182,22 @@ class ParallelMLP(CountedCommunication, Sequential):
     sequence_parallel : bool
         ``x`` and ``y`` (and ``dy``, ``dx``) sharded along the token axis
         (`token_shard`) instead of replicated.
+    collectives : str
+        The algorithms of the exchanges: ``"mpi"`` or a hand-written family
+        (`parallel.tensor.exchange.TENSOR_COLLECTIVES`); the counted bytes are the same.
 
     Costs per rank and pass (``n = T * hidden * itemsize``): Megatron one allreduce,
     ``2 (p-1) alpha + 2 (p-1)/p n beta``; sequence-parallel one allgather plus one
     reduce-scatter, the same bytes, plus one integer allgather for the token counts.
     """
 
-    def __init__(self, comm, hidden, ffn, seed=0, dtype=np.float32, sequence_parallel=False):
+    def __init__(self, comm, hidden, ffn, seed=0, dtype=np.float32, sequence_parallel=False, collectives="mpi"):
         self.hidden, self.ffn, self.seed, self.dtype = hidden, ffn, seed, np.dtype(dtype)
         self.comm, self.sequence_parallel = comm, bool(sequence_parallel)
         self.counter = CountingComm(comm)
         super().__init__([
-            ColumnParallelLinear(comm, hidden, ffn, seed, dtype, sequence_parallel, self.counter), ReLU(),
-            RowParallelLinear(comm, ffn, hidden, seed + 1, dtype, sequence_parallel, self.counter)])
+            ColumnParallelLinear(comm, hidden, ffn, seed, dtype, sequence_parallel, self.counter, collectives),
+            ReLU(), RowParallelLinear(comm, ffn, hidden, seed + 1, dtype, sequence_parallel, self.counter, collectives)])
 
     @property
     def serial_slices(self):

@@ -15,7 +15,8 @@ def mlscale(settings, *args, ranks=None):
 def test_tp_sweep_checks_every_variant_and_skips_serial_on_two_ranks(tmp_path):
     path = str(tmp_path / "tp.csv")
     status, out, err = mlscale(dict(MLSCALE_TP_HIDDEN="8", MLSCALE_TP_FFN="7"), "sweep", TP, "--np", "2",
-                               "--ranks", "1,2", "--sizes", "5", "--iters", "2", "--warmup", "1", "--csv", path)
+                               "--ranks", "1,2", "--sizes", "5", "--iters", "2", "--warmup", "1", "--csv", path,
+                               "--set", "TP_COLLECTIVES=ring")  # the hand-written ring: the same bytes counted
     assert status == 0, err
     assert "skipped serial on 2 ranks" in out
     rows = rows_of(path)
@@ -27,7 +28,8 @@ def test_tp_sweep_checks_every_variant_and_skips_serial_on_two_ranks(tmp_path):
         ranks = int(row["ranks"])
         # 5 tokens x 8 float64 = 320 bytes; per run 2 allreduces (or 2 allgathers + 2 reduce-scatters)
         assert params["bytes_sent_per_rank"] == [640 if ranks == 2 else 0] * ranks
-        assert (params["hidden"], params["ffn"]) == (8, 7) and len(params["peak_mem_mb_per_rank"]) == ranks
+        assert (params["hidden"], params["ffn"], params["collectives"]) == (8, 7, "ring")
+        assert json.loads(row["settings"])["MLSCALE_TP_COLLECTIVES"] == "ring" and len(params["peak_mem_mb_per_rank"]) == ranks
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
         assert float(row["items_per_s"]) > 0 and float(row["gflops"]) > 0
 

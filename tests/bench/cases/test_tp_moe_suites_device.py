@@ -13,9 +13,11 @@ def _results_and_grads(state):
     return list(state.result) + [grad for _, grad in state.model.parameters()]
 
 
-@pytest.mark.parametrize("variant", TensorParallel.variants)
-def test_tp_runs_on_the_device_and_checks(device_backend, variant):
-    case = TensorParallel(resolve(TensorParallel.declared_settings, ("TP_HIDDEN=8", "TP_FFN=7"), {}, "tp"))
+@pytest.mark.parametrize("variant, collectives", [(variant, "mpi") for variant in TensorParallel.variants]
+                         + [("allreduce", "recursive"), ("sequence", "ring")])
+def test_tp_runs_on_the_device_and_checks(device_backend, variant, collectives):
+    settings = ("TP_HIDDEN=8", "TP_FFN=7", f"TP_COLLECTIVES={collectives}")  # hand-written: staged as one call
+    case = TensorParallel(resolve(TensorParallel.declared_settings, settings, {}, "tp"))
     check_point_on_device(case, 5, variant, device_backend, "float64", _results_and_grads)
 
 

@@ -6,7 +6,10 @@ from mpi4py import MPI
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.nn.layers import Linear
+from parallel.collectives import release_plans
+from parallel.tensor.exchange import FAMILIES, TensorExchange
 from parallel.tensor.tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear, token_shard
+from tests.mpitools import combination
 
 RTOL = 1e-12
 
@@ -94,6 +97,34 @@ def test_bytes_sent_count_one_exchange_of_the_activations_per_pass(comm, sequenc
     per_pass = 2 * (p - 1) * nbytes / p  # one allreduce, or one allgather and one reduce-scatter
     assert (after_forward, block.bytes_sent) == pytest.approx((per_pass, 2 * per_pass))
     assert block.comm_seconds >= 0 and block.layers[0].bytes_sent == block.bytes_sent
+
+
+@pytest.mark.mpi(min_size=1)
+def test_every_hand_written_family_gives_mpis_block_and_counts_its_bytes(comm):
+    """Each family of `parallel.tensor.exchange` in both layouts, uneven sizes (fewer tokens than ranks
+    too, and float32), against the serial block, with the bytes MPI's calls count."""
+    for family, sequence_parallel, (hidden, ffn, tokens), dtype in [
+            (family, sequence, sizes, dtype) for family in FAMILIES for sequence in (False, True)
+            for sizes, dtype in [((5, 7, 11), np.float64), ((3, 4, 2), np.float32)]]:
+        with combination(family, f"sequence_parallel={sequence_parallel}", hidden, ffn, tokens, dtype):
+            tolerance = 1e-12 if dtype == np.float64 else 1e-5
+            block = ParallelMLP(comm, hidden, ffn, 3, dtype, sequence_parallel, collectives=family)
+            mpi = ParallelMLP(comm, hidden, ffn, 3, dtype, sequence_parallel)
+            serial = block.serial_reference()
+            mine = token_shard(comm, tokens) if sequence_parallel else slice(None)
+            x, dy = draw((tokens, hidden), 1).astype(dtype), draw((tokens, hidden), 2).astype(dtype)
+            y, dx = block.forward(x[mine]), block.backward(dy[mine])
+            mpi.forward(x[mine])
+            mpi.backward(dy[mine])
+            expected = [serial.forward(x)[mine], serial.backward(dy)[mine]]
+            expected += [serial.grads[name][index] for name, index in block.serial_slices.items()]
+            actual = [y, dx] + [block.grads[name] for name in block.serial_slices]
+            ok = all(np.allclose(a, e, rtol=tolerance, atol=tolerance * max(1.0, float(np.abs(e).max(initial=0))))
+                     for a, e in zip(actual, expected))
+            assert agreed(comm, ok and block.bytes_sent == pytest.approx(mpi.bytes_sent))
+    release_plans(comm)
+    with pytest.raises(InputError, match="unknown collectives 'bruck'"):
+        TensorExchange(block.counter, "bruck")
 
 
 @pytest.mark.mpi(min_size=1)
