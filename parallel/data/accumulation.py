@@ -25,6 +25,8 @@ class GradientAccumulation:
     Attributes
     ----------
     micro_batches : int
+    sum : ndarray or None
+        The buffer of the held sum (None for one micro-batch).
     """
 
     def __init__(self, grads, micro_batches):
@@ -32,7 +34,7 @@ class GradientAccumulation:
             raise InputError(f"need an integer micro_batches >= 1, got {micro_batches}")
         self.micro_batches = int(micro_batches)
         self._grads = grads
-        self._sum = array_module(grads).empty_like(grads) if self.micro_batches > 1 else None
+        self.sum = array_module(grads).empty_like(grads) if self.micro_batches > 1 else None
         self._holding = False
 
     def begin(self, n):
@@ -44,12 +46,12 @@ class GradientAccumulation:
     def hold(self):
         """Add the gradients of a micro-batch before the last to the sum (the first is copied into it)."""
         if self._holding:
-            self._sum += self._grads
+            self.sum += self._grads
         else:
-            self._sum[...] = self._grads
+            self.sum[...] = self._grads
             self._holding = True
 
     def add_held(self, start, stop):
         """Add the held sum to the last micro-batch's gradients ``grads[start:stop]`` (one bucket)."""
         if self._holding:
-            self._grads[start:stop] += self._sum[start:stop]
+            self._grads[start:stop] += self.sum[start:stop]

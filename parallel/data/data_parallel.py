@@ -191,6 +191,12 @@ class DataParallelTrainer(GradientStep):
             self.step_skipped = self._precision.unscale()
         return loss
 
+    def state_arrays(self):
+        """The arrays of parameters and gradients this rank holds: the (master) vectors, the model's (its
+        16-bit copies under mixed precision) and the held sum of accumulated micro-batches."""
+        return [self.flat_params, self.flat_grads, self._accumulation.sum] + [
+            array for leaf in self.model.leaves() for kind in (leaf.params, leaf.grads) for array in kind.values()]
+
     def replica_mismatches(self):
         """Return how many parameters on this rank differ from rank 0's (one ``Bcast`` of the parameters)."""
         reference = self.flat_params.copy()
