@@ -11,7 +11,10 @@ per rank x p`` experts, each ``hidden -> ffn -> hidden``, so the compute per tok
 ``ceil(k n_r / E * capacity_factor)`` (`parallel.expert.routing.expert_capacity`).
 
 Settings (`bench.models.moe.SETTINGS`, recorded in params): experts per rank, token width, expert
-inner width (default ``4 x hidden``) and capacity factor. The auxiliary-loss weight
+inner width (default ``4 x hidden``), capacity factor, and ``MOE_ALLTOALL``, the algorithm of the
+all-to-alls: ``mpi``, or a hand-written one (`parallel.expert.moe`: ``pairwise``, ``scattered``,
+``auto``), so a sweep shows what it does to the layer's step; the bytes counted and the check
+are the same whichever runs. The auxiliary-loss weight
 is fixed at 0.01.
 
 Inputs ``x``, ``dy`` (T, hidden) are standard normal from a seed. Check: on every
@@ -43,6 +46,7 @@ from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, 
 from bench.models.moe import AUX_LOSS_WEIGHT, TOP_K, MixtureOfExpertsModel
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
+from parallel.collectives import release_plans
 from parallel.expert.moe import ParallelMoE
 from parallel.expert.routing import expert_capacity
 
@@ -76,7 +80,8 @@ class MixtureOfExperts(Case):
         self.check_ranks(comm.size, variant)
         settings = dict(self.config, experts=self.config["experts_per_rank"] * comm.size, top_k=TOP_K[variant])
         layer = ParallelMoE(backend.comm(comm), settings["hidden"], settings["ffn"], settings["experts"],
-                            settings["top_k"], settings["capacity_factor"], SEED, dtype, AUX_LOSS_WEIGHT)
+                            settings["top_k"], settings["capacity_factor"], SEED, dtype, AUX_LOSS_WEIGHT,
+                            settings["alltoall"])
         rng = np.random.default_rng(SEED)
         x, dy = (backend.from_host(rng.standard_normal((size, settings["hidden"])).astype(dtype)) for _ in range(2))
         return MeasuredState(comm, variant, dtype, size, settings, layer.to(backend), x, dy,
@@ -112,3 +117,6 @@ class MixtureOfExperts(Case):
 
     def params(self, state):
         return dict(state.settings, **state.summary)
+
+    def teardown(self, state):
+        release_plans(state.comm)

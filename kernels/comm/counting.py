@@ -68,12 +68,14 @@ class CountingComm(CommWrapper, TrafficCounter):
     def run(self, kind, nbytes, algorithm, *arrays, outputs=None):
         """Run ``algorithm(comm, *arrays)`` (a hand-written collective, `parallel.collectives`) on the
         MPI communicator under this wrapper; time it and count it as a ``kind`` transfer of ``nbytes``
-        (the count of the MPI call it replaces). Over a `kernels.comm.device.DeviceComm` the device
+        (the count of the MPI call it replaces). Over a `kernels.comm.device.DeviceComm` device
         ``arrays`` are staged as one call (`kernels.backend.Backend.staged`: copied to pinned host
-        buffers, and the indices ``outputs`` back; default all); return what ``algorithm`` returns."""
+        buffers, and the indices ``outputs`` back; default all), host arrays passed as they are;
+        return what ``algorithm`` returns."""
         device, call = backend_of(self), functools.partial(algorithm, raw_comm(self))
+        staged = device is not None and device.is_device_array(arrays[0])
         with self.timed():
-            result = call(*arrays) if device is None else device.staged(call, *arrays, outputs=outputs)
+            result = device.staged(call, *arrays, outputs=outputs) if staged else call(*arrays)
         self.add(kind, nbytes)
         return result
 

@@ -21,8 +21,9 @@ def test_tp_runs_on_the_device_and_checks(device_backend, variant, collectives):
     check_point_on_device(case, 5, variant, device_backend, "float64", _results_and_grads)
 
 
-@pytest.mark.parametrize("variant, dtype", [("top1", "float64"), ("top2", "float32")])
-def test_moe_runs_on_the_device_and_checks(device_backend, variant, dtype):
-    settings = ("MOE_HIDDEN=6", "MOE_FFN=5", "MOE_EXPERTS_PER_RANK=2", "MOE_CAPACITY=0.5")
+@pytest.mark.parametrize("variant, dtype, alltoall", [("top1", "float64", "mpi"), ("top2", "float32", "mpi"),
+                                                     ("top2", "float64", "pairwise")])
+def test_moe_runs_on_the_device_and_checks(device_backend, variant, dtype, alltoall):
+    settings = ("MOE_HIDDEN=6", "MOE_FFN=5", "MOE_EXPERTS_PER_RANK=2", "MOE_CAPACITY=0.5", f"MOE_ALLTOALL={alltoall}")
     case = MixtureOfExperts(resolve(MixtureOfExperts.declared_settings, settings, {}, "moe"))
     check_point_on_device(case, 13, variant, device_backend, dtype, _results_and_grads)

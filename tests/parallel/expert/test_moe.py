@@ -1,13 +1,18 @@
 """Mixture of experts: the serial layer by finite differences, the expert-parallel one against it."""
+import itertools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from kernels.distribution import block_counts, block_range
 from kernels.errors import InputError
+from parallel.collectives import release_plans
+from parallel.collectives.alltoall import ALLTOALLV_ALGORITHMS
 from parallel.expert.moe import ParallelMoE
 from parallel.expert.layer import SerialMoE
 from parallel.expert.routing import expert_capacity
+from tests.mpitools import combination
 
 RTOL = 1e-12
 
@@ -108,6 +113,31 @@ def test_parallel_equals_serial_with_the_same_shards(comm, top_k, capacity_facto
     assert agreed(comm, (layer.dropped, layer.tokens, layer.expert_load.tolist()) ==
                   (serial.dropped, tokens, serial.expert_load.tolist()))
     assert agreed(comm, layer.aux_loss == pytest.approx(serial.aux_loss, rel=RTOL))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_each_hand_written_alltoall_gives_mpis_layer_and_counts_its_bytes(comm):
+    """Every algorithm of ALLTOALLV_ALGORITHMS against the serial layer, with drops and fewer tokens than
+    ranks (empty shards, empty blocks), and the bytes MPI's calls count; Bruck refused."""
+    p, hidden = comm.size, 3
+    for alltoall, top_k, capacity_factor, tokens in itertools.product(
+            sorted(ALLTOALLV_ALGORITHMS), (1, 2), (0.5,), (4 * p + 3, p - 1)):
+        with combination(alltoall, top_k, capacity_factor, tokens):
+            layers = [ParallelMoE(comm, hidden, 4, 2 * p, top_k, capacity_factor, seed=2, dtype=np.float64,
+                                  aux_loss_weight=0.1, alltoall=choice) for choice in (alltoall, "mpi")]
+            serial = layers[0].serial_reference()
+            x, dy = draw((tokens, hidden), 5), draw((tokens, hidden), 6)
+            mine = slice(*block_range(tokens, p, comm.rank))
+            y, dx = layers[0].forward(x[mine]), layers[0].backward(dy[mine])
+            layers[1].forward(x[mine])
+            layers[1].backward(dy[mine])
+            expected_y, expected_dx = serial.forward(x, block_counts(tokens, p)), serial.backward(dy)
+            ok = close(y, expected_y[mine]) and close(dx, expected_dx[mine])
+            ok = ok and all(close(grad, serial.grads[name]) for name, grad in layers[0].grads.items())
+            assert agreed(comm, ok and layers[0].bytes_sent == pytest.approx(layers[1].bytes_sent))
+    release_plans(comm)
+    with pytest.raises(InputError, match="'bruck' cannot take the routing's counts"):
+        ParallelMoE(comm, 4, 4, comm.size, alltoall="bruck")
 
 
 @pytest.mark.mpi(min_size=1)
