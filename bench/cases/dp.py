@@ -6,8 +6,14 @@ shard. Batches walk through the shuffled training split (80 % of the data,
 wrapping around); the other 20 % is the test set.
 
 Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
-(``MPI.Iallreduce`` on each bucket as soon as backward has produced it), and the
-hand-written algorithms of `parallel.collectives` (blocking, after backward).
+(``MPI.Iallreduce`` on each bucket as soon as backward has produced it), the
+hand-written algorithms of `parallel.collectives` (blocking, after backward), and
+the sharded ``zero1`` (optimiser state), ``zero2`` (gradients too; buckets of
+``ZERO2_BUCKET_BYTES`` by default) and ``zero3`` (parameters too, gathered layer
+by layer with a prefetch) of `parallel.data.zero`, their reduce-scatters and
+allgathers MPI's or (``DP_ZERO_COLLECTIVES``) the hand-written ones. A 16-bit
+exchange (``DP_PRECISION``) and, for ``zero3``, a bucket cap are refused for the
+sharded variants (one line, status 2); ``DP_ZERO_COLLECTIVES`` is ignored by the others.
 
 Settings (`bench.models.dp.SETTINGS`): the model, ``mlp`` (784-256-128-10 on MNIST, 64-256-128-10
 on digits), ``cnn`` (`parallel.nn.models.mnist_cnn`) or ``keras_cnn`` (the lecture's
@@ -33,7 +39,10 @@ mean step time times the steps per epoch of the training split),
 ``peak_memory_mib`` (the busiest rank's host RSS high-water mark over the point's
 warm-up and timed steps, `bench.families.memory`), ``loss_scale`` and
 ``skipped_steps`` (mixed precision: the final loss scale and the steps skipped for
-an overflow) and ``test_accuracy`` (rank 0's replica on the test split after the
+an overflow), ``model_state_bytes`` (the parameters, gradients and optimiser state
+the busiest rank holds between steps, counted from its arrays: `parallel.data.zero.held_bytes`),
+``peak_model_state_bytes`` (the same at its peak within a step: gathered layers and
+buckets included) and ``test_accuracy`` (rank 0's replica on the test split after the
 point's steps).
 
 On ``--backend cupy`` the model (moved with ``Layer.to``), the flat vectors, the
@@ -46,7 +55,9 @@ with the same optimiser in the point's dtype (as many steps as the point ran, on
 rank 0, skipping the steps mixed precision skipped), counts the parameters outside
 ``rtol`` of it (atol ``rtol * max |w|``: float64 1e-9, float32 1e-3, 16-bit
 exchange or compute 5e-2, since sums in other orders drift apart over the steps),
-and adds the parameters that differ from rank 0's replica on each rank.
+and adds the parameters that differ from rank 0's replica on each rank. For the
+sharded variants the parameters compared are the shards put together (an
+allgather), and each rank's model (whole after ``sync_model``) must equal them.
 """
 import functools
 import math
@@ -63,6 +74,7 @@ from kernels.distribution import block_range
 from kernels.errors import InputError
 from parallel.collectives import release_plans
 from parallel.data.data_parallel import DataParallelTrainer
+from parallel.data.zero import ZERO_STAGES, held_bytes
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import accuracy, keras_cnn, mnist_cnn, mnist_mlp, train_step
 
@@ -113,6 +125,8 @@ class _State:
     skipped: list = field(default_factory=list)
     peak_rss_mib: float = None
     peak_memory_mib: float = math.nan
+    model_state: tuple = None
+    parameters: int = 0
 
 
 def _rows(step, size, offsets, n_train):
@@ -127,14 +141,17 @@ class DataParallel(Case):
     default_sizes = "32:1K"
     metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
                     "params: settings, epoch_s_estimate, samples_per_epoch, peak_memory_mib (host RSS high-water "
-                    "mark of the steps, busiest rank), loss_scale, skipped_steps, test_accuracy")
+                    "mark of the steps, busiest rank), model_state_bytes and peak_model_state_bytes (parameters, "
+                    "gradients and optimiser state of the busiest rank between steps / at a step's peak), loss_scale, "
+                    "skipped_steps, test_accuracy")
     dtypes = ("float32", "float64")
     description = ("Data-parallel training steps of an MLP or a CNN on MNIST images (SGD or Adam, optionally in "
                    "mixed precision): each rank takes its "
                    "shard of the global batch, and the gradients are summed by MPI_Allreduce, by Iallreduce on "
                    "buckets overlapped with the backward pass, or by the hand-written allreduce algorithms; "
-                   "optionally in 16-bit and with gradient accumulation. The check trains a serial model on the "
-                   "same batches and compares the parameters.")
+                   "optionally in 16-bit and with gradient accumulation; or sharded as ZeRO stages 1-3 "
+                   "(reduce-scatter and allgather), with the model state each rank holds recorded. The check trains "
+                   "a serial model on the same batches and compares the parameters.")
 
     def iterations(self, size):
         return 10, 2
@@ -151,13 +168,12 @@ class DataParallel(Case):
         data = tuple(backend.from_host(part)
                      for part in _split_data(settings["dataset"], settings["model"] == "mlp", dtype))
         model = _build_model(settings["model"], data[0].shape[-1], dtype).to(backend)
-        options = {key: settings[key] for key in ("allreduce", "overlap", "bucket_bytes", "micro_batches",
-                                                  "precision", "compute")}
-        trainer = DataParallelTrainer(backend.comm(comm), model, **options)
+        parameters = sum(param.size for param, _ in model.parameters())
+        trainer = _build_trainer(backend.comm(comm), model, settings)
         optimizer = _build_optimizer(settings["optimizer"], trainer.parameters())
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
         reset_peak_rss()
-        return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets)
+        return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets, parameters=parameters)
 
     def run(self, state):
         start = MPI.Wtime()
@@ -175,8 +191,11 @@ class DataParallel(Case):
 
     def check(self, state):
         state.peak_rss_mib = peak_rss_mib()  # the steps' peak, before the serial reference below
+        state.model_state = _model_state(state)  # before the check gathers a sharded model
         trainer = state.trainer
-        params = state.backend.to_host(trainer.flat_params)
+        # a sharded trainer's shards put together; the model it computes on is compared with them below
+        params = state.backend.to_host(trainer.gather(trainer.param_pieces) if state.settings["sharding"] else
+                                       trainer.flat_params)
         expected = np.empty_like(params)
         if state.comm.rank == 0:
             expected[:] = self._serial_parameters(state)
@@ -202,6 +221,8 @@ class DataParallel(Case):
     def metrics(self, state, seconds):
         peak = state.peak_rss_mib if state.peak_rss_mib is not None else peak_rss_mib()
         state.peak_memory_mib = state.comm.allreduce(peak, op=MPI.MAX)
+        held = state.model_state or _model_state(state)
+        state.model_state = tuple(state.comm.allreduce(count, op=MPI.MAX) for count in held)
         return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
                        metric_value=_comm_share(state))
 
@@ -210,17 +231,39 @@ class DataParallel(Case):
         trainer = state.trainer
         step_seconds = state.run_seconds / state.steps if state.steps else math.nan
         scaler = trainer.loss_scaler
-        summary = dict(state.settings, buckets=len(trainer.buckets), parameters=int(trainer.flat_params.size),
+        sharded = state.settings["sharding"]
+        summary = dict(state.settings, buckets=len(trainer.layout.segments if sharded else trainer.buckets),
+                       parameters=int(state.parameters), model_state_bytes=state.model_state[0],
+                       peak_model_state_bytes=state.model_state[1],
                        **OPTIMIZERS[state.settings["optimizer"]][1], steps=state.steps,
                        comm_share=_comm_share(state), samples_per_epoch=len(train_x),
                        epochs=state.steps * state.size / len(train_x),
                        epoch_s_estimate=math.ceil(len(train_x) / state.size) * step_seconds,
                        peak_memory_mib=state.peak_memory_mib, skipped_steps=len(state.skipped),
                        loss_scale=scaler.scale if scaler else None)
+        if state.steps:
+            trainer.sync_model()  # collective for a sharded trainer (an allgather)
         if state.comm.rank == 0 and state.steps:
-            trainer.sync_model()
             summary["test_accuracy"] = accuracy(trainer.model, test_x, test_y)
         return summary
+
+
+def _build_trainer(comm, model, settings):
+    """`DataParallelTrainer`, or the ZeRO stage of the variant (`parallel.data.zero`), with the point's settings."""
+    if settings["sharding"] is None:
+        return DataParallelTrainer(comm, model, **{key: settings[key] for key in (
+            "allreduce", "overlap", "bucket_bytes", "micro_batches", "precision", "compute")})
+    buckets = {} if settings["sharding"] == "zero3" else dict(bucket_bytes=settings["bucket_bytes"])
+    return ZERO_STAGES[settings["sharding"]](comm, model, collectives=settings["collectives"],
+                                             micro_batches=settings["micro_batches"], compute=settings["compute"],
+                                             **buckets)
+
+
+def _model_state(state):
+    """(between steps, at the peak of a step) bytes of the parameters, gradients and optimiser state this rank
+    holds, from the arrays it holds (a sharded trainer's gathered layers and buckets at the peak)."""
+    held = held_bytes(state.trainer.state_arrays() + state.optimizer.state_arrays())
+    return held, held + (state.trainer.transient.peak if state.settings["sharding"] else 0)
 
 
 def _comm_share(state):

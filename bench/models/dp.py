@@ -15,8 +15,9 @@ from bench.models.base import Model
 from bench.settings import Setting, byte_size, choice, integer
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.data.gradient_wire import PRECISIONS
+from parallel.data.gradient_wire import PRECISIONS, bucket_bounds
 from parallel.data.mixed_precision import COMPUTE_FORMATS
+from parallel.data.zero import ZERO_COLLECTIVES, ZERO_STAGES
 from parallel.nn.layers import Linear
 from parallel.nn.models import mnist_mlp
 from parallel.nn.optim import SGD, Adam
@@ -24,6 +25,8 @@ from parallel.nn.optim import SGD, Adam
 #: optimiser -> (class, hyper-parameters); Adam's are the Keras defaults of the lecture's example.
 OPTIMIZERS = {"sgd": (SGD, dict(lr=0.01, momentum=0.9)), "adam": (Adam, dict(lr=1e-3))}
 OVERLAP_BUCKET_BYTES = 64 << 10
+#: zero2's default bucket cap: a few buckets for the MLP (each a reduce-scatter), the whole gradient never held.
+ZERO2_BUCKET_BYTES = 256 << 10
 MODELS = ("mlp", "cnn", "keras_cnn")
 #: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
 DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
@@ -70,6 +73,8 @@ SETTINGS = (
             "gradient bucket cap, 0: one flat buffer (default: 64K for mpi_overlap, else 0)"),
     Setting("DP_PRECISION", choice, "full", PRECISIONS, "gradient exchange format (full: the model dtype)"),
     Setting("DP_MICRO_BATCHES", integer, 1, 1, "micro-batches accumulated per step"),
+    Setting("DP_ZERO_COLLECTIVES", choice, "mpi", ZERO_COLLECTIVES,
+            "reduce-scatter / allgather of the zero variants (mpi: MPI's; else the hand-written pair)"),
 )
 
 
@@ -82,15 +87,33 @@ def read_settings(settings, variant):
                          "directory")
     overlap = variant == "mpi_overlap"
     bucket_bytes = settings["DP_BUCKET_BYTES"]
-    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap else variant, overlap=overlap,
-                bucket_bytes=(OVERLAP_BUCKET_BYTES if overlap else 0) if bucket_bytes is None else bucket_bytes,
+    sharded = variant in ZERO_STAGES
+    if sharded and settings["DP_PRECISION"] != "full":
+        raise InputError(f"dp {variant} reduce-scatters in the master dtype: MLSCALE_DP_PRECISION="
+                         f"{settings['DP_PRECISION']} is for the allreduce variants")
+    if variant == "zero3" and bucket_bytes is not None:
+        raise InputError("dp zero3 exchanges one layer at a time: MLSCALE_DP_BUCKET_BYTES is for the other variants")
+    default_bucket = OVERLAP_BUCKET_BYTES if overlap else ZERO2_BUCKET_BYTES if variant == "zero2" else 0
+    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap or sharded else variant, overlap=overlap,
+                bucket_bytes=default_bucket if bucket_bytes is None else bucket_bytes,
                 micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"],
-                optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"])
+                optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"],
+                sharding=variant if sharded else None, collectives=settings["DP_ZERO_COLLECTIVES"])
+
+
+def model_state_bytes(variant, parameters, item, ranks, optimizer="adam"):
+    """Bytes of parameters, gradients and optimiser state a rank holds between steps, full precision, one
+    micro-batch (ZeRO's accounting): replicated ``(2 + k) Psi``, ``zero1`` ``2 Psi + k Psi / N``, ``zero2``
+    ``Psi + (1 + k) Psi / N``, ``zero3`` ``(2 + k) Psi / N`` items, ``k`` the optimiser's state vectors
+    (Adam 2, SGD with momentum 1)."""
+    state = 2 if optimizer == "adam" else 1
+    whole = {"zero1": 2, "zero2": 1, "zero3": 0}.get(variant, 2 + state)
+    return item * parameters * (whole + (2 + state - whole) / ranks)
 
 
 class DataParallelModel(Model):
     name = "dp"
-    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS)
+    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS) + tuple(ZERO_STAGES)
     size_unit = "samples"
     declared_settings = SETTINGS
 
@@ -99,20 +122,24 @@ class DataParallelModel(Model):
         the batch, the allreduce of the gradients (after backward; ``mpi_overlap``: behind it) and the
         SGD update (3 passes over the parameters); the compute on the line through the two calibrated
         one-rank steps around this batch (`terms.fitted_step`: a fixed cost of the step's Python calls and a
-        scale). None for the CNNs, 16-bit exchange or compute, and accumulation (not modelled)."""
+        scale). The zero variants: per segment (a bucket; zero3: a layer) MPI's reduce-scatter and allgather
+        (zero3: two, less the last layer's, no credit for the prefetch), the update on the shard. None for
+        the CNNs, 16-bit exchange or compute, accumulation and the hand-written zero collectives (not
+        modelled)."""
         settings = read_settings(self.settings, variant)
+        sharding = settings["sharding"]
         if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
-                ("mlp", "full", "full", 1):
+                ("mlp", "full", "full", 1) or (sharding and settings["collectives"] != "mpi"):
             return None
         item = terms.itemsize(calib)
 
-        def compute(rows, features):
-            """(forward with the batch gather, backward and SGD update) of the MLP on ``features`` inputs;
-            the gradient bytes."""
+        def compute(rows, features, update_share=1):
+            """(forward with the batch gather, backward and SGD update of ``update_share`` of the parameters)
+            of the MLP on ``features`` inputs; the gradient bytes."""
             widths = mlp_widths(features)
             parameters = dense_parameters(widths) * item
             forward, backward = terms.dense_layers(calib, widths, rows, ranks)
-            rest = terms.copy(calib, rows * features * item) + 3 * terms.reduction(calib, parameters)
+            rest = terms.copy(calib, rows * features * item) + 3 * terms.reduction(calib, parameters * update_share)
             return forward + rest, backward, parameters
 
         def calibrated_step(rows):  # local_rates times the default data set, MNIST
@@ -121,24 +148,43 @@ class DataParallelModel(Model):
 
         rows = math.ceil(size / ranks)
         fixed, scale = terms.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
-        forward, backward, parameters = compute(rows, DATA_SHAPES.get(settings["dataset"], (0, 784))[1])
+        features = DATA_SHAPES.get(settings["dataset"], (0, 784))[1]
+        forward, backward, parameters = compute(rows, features, 1 / ranks if sharding else 1)
         forward, backward = scale * forward, scale * backward
-        exchange = terms.allreduce(calib, parameters, ranks, settings["allreduce"])
+        exchange = terms.allreduce(calib, parameters, ranks, settings["allreduce"]) if not sharding else \
+            self._sharded_exchange(calib, sharding, settings["bucket_bytes"], mlp_widths(features), item, ranks)
         return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)
+
+    @staticmethod
+    def _sharded_exchange(calib, sharding, bucket_bytes, widths, item, ranks):
+        """Seconds of a zero variant's collectives in one step of the MLP of ``widths``."""
+        sizes = [size for inputs, outputs in zip(widths, widths[1:]) for size in (inputs * outputs, outputs)]
+        if sharding == "zero3":
+            layers = [item * (inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])]
+            return sum(terms.reduce_scatter(calib, n, ranks) + 2 * terms.allgather(calib, n, ranks) for n in layers) \
+                - terms.allgather(calib, layers[-1], ranks)
+        return sum(terms.reduce_scatter(calib, item * (stop - start), ranks) +
+                   terms.allgather(calib, item * (stop - start), ranks)
+                   for start, stop in bucket_bounds(sizes, item, bucket_bytes))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The data set on every rank (the bytes read, then scaled and split: 2 copies), the model with its
         flat gradients, optimiser state and buckets (8 vectors; Adam one more; mixed precision the
         16-bit copies of weights and gradients), and the activations of this rank's ``ceil(n / p)``
         samples (`ACTIVATIONS` per sample, in the compute format: float16 halves float32); the
-        check trains a serial model on the whole global batch of n samples on rank 0."""
+        check trains a serial model on the whole global batch of n samples on rank 0. The zero variants hold
+        `model_state_bytes`, the update's temporaries of their shard and one gathered vector."""
         settings = read_settings(self.settings, variant)
         samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
         item = np.dtype(dtype).itemsize
         compute_item = {"full": item, "float16": 2, "bfloat16": 4}[settings["compute"]]
         parameters = PARAMETERS[settings["model"]]
-        state = (8 + (settings["optimizer"] == "adam")) * item * parameters + \
-            (2 * compute_item * parameters if settings["compute"] != "full" else 0)
+        vectors = 8 + (settings["optimizer"] == "adam")
+        state = vectors * item * parameters
+        if settings["sharding"]:  # the model state ZeRO's way, the update's temporaries on the shard, one gathered
+            kept = model_state_bytes(variant, parameters, item, ranks, settings["optimizer"])
+            state = kept + item * parameters * (1 + (vectors - kept / (item * parameters)) / ranks)
+        state += 2 * compute_item * parameters if settings["compute"] != "full" else 0
         per_sample = ACTIVATIONS[settings["model"]](pixels)
         activations = per_sample * (compute_item * -(-problem // ranks) + (item * problem if check else 0))
         return samples * pixels + item * 2 * samples * pixels + state + activations

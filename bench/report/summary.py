@@ -183,7 +183,7 @@ def _compute(report):
                   f"{_suffix(s, report['suite'])}: efficiency {_mark(format(s['efficiency'], '.2f'), unstable(s))}; "
                   f"why it may be: {s['reason']}" for s in report["superlinear"]]
         lines += [""] + _legend(any(map(unstable, report["superlinear"])))
-    return lines + _batch_sizes(report)
+    return lines + _batch_sizes(report) + _model_states(report)
 
 
 def _scaling(report, points, suffix):
@@ -230,6 +230,23 @@ def _batch_sizes(report):
                   + f" | {'n/a' if r['peak_memory_mib'] is None else format(r['peak_memory_mib'], '.1f')} |"
                   for r in table["rows"]]
         lines += [""] + _legend(any(map(unstable, table["rows"])))
+    return lines
+
+
+def _model_states(report):
+    """Per model and rank count: samples/s, the ratio to the reference and the model state of each variant."""
+    lines = []
+    for table in report["model_state"]:
+        group = table["group"]
+        lines += [f"### Model state and speed per variant: model {table['model']}, {table['ranks']} "
+                  f"rank{'s' if table['ranks'] > 1 else ''}{_suffix(group, report['suite'])}", "",
+                  f"| batch size | variant | samples/s | vs {report['reference']} | model state (MiB) | "
+                  "peak model state (MiB) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['batch']} | {r['variant']} | {_mark(format(r['items_per_s'], '.4g'), unstable(r))} | "
+                  f"{_mark(_ratio(r['vs_ref']), ratio_unstable(r))} | {r['model_state_bytes'] / 2**20:.3f} | "
+                  + ("n/a" if r["peak_model_state_bytes"] is None else f"{r['peak_model_state_bytes'] / 2**20:.3f}")
+                  + " |" for r in table["rows"]]
+        lines += [""] + _legend(any(unstable(r) or ratio_unstable(r) for r in table["rows"]))
     return lines
 
 

@@ -1,4 +1,5 @@
-"""The tables a suite's kind calls for: bus bandwidth and latency (communication), batch size (training).
+"""The tables a suite's kind calls for: bus bandwidth and latency (communication), batch size and model state
+(training).
 
 Both take entries of `bench.report.scaling.scaling_table` and return plain
 numbers; `bench.report.summary` formats them, `bench.report.output` writes them
@@ -11,6 +12,8 @@ from collections import defaultdict
 COMMUNICATION_GROUP = ("benchmark", "backend", "dtype", "scaling", "settings")
 #: Columns that, with model and rank count, make one batch-size table.
 BATCH_GROUP = ("backend", "dtype", "variant", "scaling", "settings")
+#: Columns that, with model and rank count, make one model-state table (its variants side by side).
+STATE_GROUP = ("backend", "dtype", "scaling", "settings")
 #: The metric a latency test records (one-way latency in microseconds).
 LATENCY_METRIC = "latency_us"
 #: What a communication table keeps of each point (`bench.report.scaling.scaling_table`'s entries).
@@ -85,6 +88,32 @@ def batch_size_tables(entries, model):
                              peak_memory_mib=float(memory) if _finite(memory) else None, stable=entry["stable"]))
         tables.append(dict(model=key[0], ranks=key[1], group=dict(zip(BATCH_GROUP, key[2:])),
                            rows=sorted(rows, key=lambda r: r["batch"])))
+    return tables
+
+
+def model_state_tables(entries, model):
+    """Speed and model state of every variant side by side, per model, rank count and `STATE_GROUP`.
+
+    For training suites whose points record ``model_state_bytes`` in ``params``
+    (``dp``: the parameters, gradients and optimiser state of the busiest rank).
+    Returns one dict per table: ``model``, ``ranks``, ``group`` and ``rows`` (batch,
+    variant, items_per_s, vs_ref, model_state_bytes, peak_model_state_bytes,
+    stable, ref_stable), by batch then in the order the variants appear.
+    """
+    groups = defaultdict(list)
+    for entry in entries:
+        if _finite(entry["params"].get("model_state_bytes")):
+            groups[(str(entry["params"].get("model", "default")), entry["ranks"])
+                   + tuple(entry[c] for c in STATE_GROUP)].append(entry)
+    tables = []
+    for key in sorted(groups):
+        variants = list(dict.fromkeys(e["variant"] for e in groups[key]))
+        rows = [dict(batch=_global_batch(e, model), variant=e["variant"], items_per_s=_global_batch(e, model) /
+                     e["t_med_s"], vs_ref=e["vs_ref"], model_state_bytes=e["params"]["model_state_bytes"],
+                     peak_model_state_bytes=e["params"].get("peak_model_state_bytes"), stable=e["stable"],
+                     ref_stable=e["ref_stable"]) for e in groups[key]]
+        tables.append(dict(model=key[0], ranks=key[1], group=dict(zip(STATE_GROUP, key[2:])),
+                           rows=sorted(rows, key=lambda r: (r["batch"], variants.index(r["variant"])))))
     return tables
 
 

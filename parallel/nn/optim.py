@@ -3,8 +3,10 @@
 Under data parallelism the optimiser runs on every replica over the same
 allreduced gradient, so its state (SGD's velocity, Adam's two moments) is
 replicated: no communication, and ``k`` state vectors of the full parameter
-count on every rank (sharding it, ZeRO stage 1, would save memory for an
-allgather of the updated parameters; not built).
+count on every rank. The sharded trainers (`parallel.data.zero`) give it the
+pairs of their shard instead (one ``(param, grad)`` slice of the flat vectors per
+segment): the same elementwise update on ``1/N`` of the parameters, the state
+sharded with them.
 
 The state lives where the parameters do (device arrays for a model moved with
 `parallel.nn.layers.Layer.to`); every update is array arithmetic in place.
@@ -56,6 +58,10 @@ class SGD:
                 velocity += direction
                 direction = velocity
             param -= self.lr * direction
+
+    def state_arrays(self):
+        """The state vectors (velocities; none without momentum)."""
+        return list(self.velocities or [])
 
 
 class Adam:
@@ -118,6 +124,10 @@ class Adam:
             denominator /= root_second_correction
             denominator += self.eps
             param -= (self.lr / first_correction) * first / denominator
+
+    def state_arrays(self):
+        """The state vectors (both moments of every pair)."""
+        return self.first + self.second
 
 
 class GradientStep:

@@ -19,6 +19,8 @@ skipped on every rank when any shard holds a non-finite gradient (one
 ``allreduce`` of a flag); the master weights are the shard's, the model computes
 on 16-bit copies (whole in stages 1 and 2, gathered per layer in stage 3).
 """
+import contextlib
+
 import numpy as np
 from mpi4py import MPI
 
@@ -129,17 +131,18 @@ class ShardedTrainer(GradientStep):
         """The full vector whose pieces (one per segment, this rank's) are ``pieces`` on every rank; collective,
         one allgather per segment (not counted in `comm_seconds`)."""
         full = self._xp.empty(self.size, pieces[0].dtype if pieces else self.dtype)
-        seconds = self._exchange.seconds
-        for index, ((start, stop), piece) in enumerate(zip(self.layout.segments, pieces)):
-            full[start:stop][self.layout.own(index)] = piece
-            self._exchange.allgather(full[start:stop], self.layout.counts[index], self.layout.displacements[index])
-        self._exchange.seconds = seconds
+        with self._untimed():
+            for index, ((start, stop), piece) in enumerate(zip(self.layout.segments, pieces)):
+                full[start:stop][self.layout.own(index)] = piece
+                self._exchange.allgather(full[start:stop], self.layout.counts[index],
+                                         self.layout.displacements[index])
         return full
 
     def replica_mismatches(self):
         """Parameters of this rank's model (after `sync_model`) that differ from its gathered shards in the
-        compute format, or from rank 0's model (one ``Bcast``)."""
-        self.sync_model()
+        compute format, or from rank 0's model (one ``Bcast``); not counted in `comm_seconds`."""
+        with self._untimed():
+            self.sync_model()
         model = flatten_arrays([leaf.params[name] for leaf, entries in zip(self._leaves, self._entries)
                                 for name, *_ in entries])
         gathered = self.gather(self.param_pieces)
@@ -151,6 +154,13 @@ class ShardedTrainer(GradientStep):
         reference = model.copy()
         self.comm.Bcast(reference, root=0)
         return int(self._xp.count_nonzero(model != expected) + self._xp.count_nonzero(model != reference))
+
+    @contextlib.contextmanager
+    def _untimed(self):
+        """The collectives inside (a check's) are left out of `comm_seconds`."""
+        seconds = self._exchange.seconds
+        yield
+        self._exchange.seconds = seconds
 
     def state_arrays(self):
         """The arrays of parameters and gradients this rank holds now (the model's as bound, the shards)."""

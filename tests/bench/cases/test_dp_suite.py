@@ -5,7 +5,9 @@ import re
 import numpy as np
 import pytest
 
+from bench.models.dp import ZERO2_BUCKET_BYTES, model_state_bytes, read_settings
 from bench.registry import case_class
+from bench.report.output import write_report
 from bench.settings import resolve
 from kernels.errors import InputError
 from tests.clitools import mlscale as run_mlscale
@@ -20,20 +22,29 @@ def mlscale(settings, *args, ranks=None):
 
 
 def test_sweep_trains_checks_and_records_settings(tmp_path):
+    """Every kind of variant, the ZeRO stages too: their model state by ZeRO's accounting (SGD with momentum:
+    one state vector), side by side with the others' in the report."""
     path = str(tmp_path / "dp.csv")
+    variants = ("mpi", "mpi_overlap", "tree", "zero1", "zero2", "zero3")
     status, out, err = mlscale({}, "sweep", SUITE, "--np", "2", "--ranks", "1,2", "--sizes", "13",
-                               "--variants", "mpi,mpi_overlap,tree", "--iters", "2", "--warmup", "1",
-                               "--csv", path)
+                               "--variants", ",".join(variants), "--iters", "2", "--warmup", "1", "--csv", path)
     assert status == 0, err
     assert "comm_share=" in out
     rows = rows_of(path)
-    assert [(row["ranks"], row["variant"]) for row in rows] == [
-        ("1", "mpi"), ("1", "mpi_overlap"), ("1", "tree"), ("2", "mpi"), ("2", "mpi_overlap"), ("2", "tree")]
+    assert [(row["ranks"], row["variant"]) for row in rows] == [(ranks, v) for ranks in "12" for v in variants]
     assert {row["wrong"] for row in rows} == {"0"}
     assert {row["dtype"] for row in rows} == {"float32"} and {row["size_unit"] for row in rows} == {"samples"}
     params = [json.loads(row["params"]) for row in rows]
-    assert [p["bucket_bytes"] for p in params[:3]] == [0, 64 << 10, 0]
+    assert [p["bucket_bytes"] for p in params[:6]] == [0, 64 << 10, 0, 0, ZERO2_BUCKET_BYTES, 0]
     assert [p["overlap"] for p in params[:3]] == [False, True, False]
+    for row, p in zip(rows, params):
+        expected = model_state_bytes(row["variant"], p["parameters"], 4, int(row["ranks"]), "sgd")
+        assert abs(p["model_state_bytes"] - expected) <= 0.05 * expected
+        assert p["model_state_bytes"] <= p["peak_model_state_bytes"]
+    _, document = write_report([path], str(tmp_path / "report"), plots=False)
+    (table,) = [t for t in document["suites"][0]["model_state"] if t["ranks"] == 2]
+    assert [r["variant"] for r in table["rows"]] == list(variants)
+    assert "### Model state and speed per variant: model mlp, 2 ranks" in (tmp_path / "report" / "summary.md").read_text()
     assert {p["dataset"] for p in params} == {"digits"} and {p["model"] for p in params} == {"mlp"}
     for row, p in zip(rows, params):
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
@@ -81,19 +92,24 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
     """Models that need other data end the run (one line, status 2); malformed values are refused as the
     settings are read, before anything runs (the same one-line error on the command line)."""
     path = str(tmp_path / "dp.csv")
-    for settings, message in [(dict(MLSCALE_DP_MODEL="cnn"), "needs 28x28 images"),
-                              (dict(MLSCALE_DP_MODEL="keras_cnn"), "MLSCALE_DP_MODEL=keras_cnn needs 28x28 images"),
-                              (dict(MLSCALE_DP_OPTIMIZER="rmsprop"), "MLSCALE_DP_OPTIMIZER='rmsprop'")]:
-        status, _, err = mlscale(settings, "run", SUITE, "--sizes", "8", "--variants", "mpi", "--csv", path)
+    for settings, variant, message in [
+            (dict(MLSCALE_DP_MODEL="cnn"), "mpi", "needs 28x28 images"),
+            (dict(MLSCALE_DP_MODEL="keras_cnn"), "mpi", "MLSCALE_DP_MODEL=keras_cnn needs 28x28 images"),
+            (dict(MLSCALE_DP_OPTIMIZER="rmsprop"), "mpi", "MLSCALE_DP_OPTIMIZER='rmsprop'"),
+            (dict(MLSCALE_DP_PRECISION="float16"), "zero1", "MLSCALE_DP_PRECISION=float16 is for the allreduce")]:
+        status, _, err = mlscale(settings, "run", SUITE, "--sizes", "8", "--variants", variant, "--csv", path)
         assert status == 2, err
         assert message in err and len(err.strip().splitlines()) == 1
     declared = case_class("dp").declared_settings
     for settings, message in [(dict(MLSCALE_DP_COMPUTE="float8"), "MLSCALE_DP_COMPUTE='float8'"),
                               (dict(MLSCALE_DP_PRECISION="int8"), "MLSCALE_DP_PRECISION='int8'"),
                               (dict(MLSCALE_DP_MICRO_BATCHES="0"), "MLSCALE_DP_MICRO_BATCHES='0'"),
-                              (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size")]:
+                              (dict(MLSCALE_DP_BUCKET_BYTES="1Q"), "MLSCALE_DP_BUCKET_BYTES: malformed size"),
+                              (dict(MLSCALE_DP_ZERO_COLLECTIVES="tree"), "MLSCALE_DP_ZERO_COLLECTIVES='tree'")]:
         with pytest.raises(InputError, match=re.escape(message)):
             resolve(declared, (), settings, "dp")
+    with pytest.raises(InputError, match="MLSCALE_DP_BUCKET_BYTES is for the other variants"):
+        read_settings(resolve(declared, (), dict(MLSCALE_DP_BUCKET_BYTES="1K"), "dp"), "zero3")
 
 
 @pytest.mark.parametrize("ranks, size", [(1, 16), (2, 33)])  # shards of 16; of 17 and 16
