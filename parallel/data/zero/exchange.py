@@ -21,6 +21,7 @@ from kernels.comm.device import wait_all
 from kernels.errors import InputError
 from parallel.collectives.allgather import ALLGATHER_ALGORITHMS
 from parallel.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS
+from parallel.data.exchange import GradientExchange
 
 #: The collectives a sharded trainer can use: MPI's, or a hand-written pair known to both families.
 ZERO_COLLECTIVES = ("mpi",) + tuple(name for name in REDUCE_SCATTER_ALGORITHMS if name in ALLGATHER_ALGORITHMS)
@@ -29,12 +30,8 @@ ZERO_COLLECTIVES = ("mpi",) + tuple(name for name in REDUCE_SCATTER_ALGORITHMS i
 class ShardExchange:
     """Reduce-scatter (SUM) and allgather of the segments of a `ShardLayout`, timing every MPI call.
 
-    Parameters
-    ----------
-    comm : MPI.Comm or DeviceComm
-        All ranks; a device communicator for device arrays.
-    collectives : str
-        One of `ZERO_COLLECTIVES`.
+    ``comm`` holds all ranks (an ``MPI.Comm``, or a ``DeviceComm`` for device arrays, as for
+    `parallel.data.exchange.GradientExchange`); ``collectives`` is one of `ZERO_COLLECTIVES`.
 
     Attributes
     ----------
@@ -94,9 +91,4 @@ class ShardExchange:
         if request is not None:
             self.timed(wait_all, [request])
 
-    def timed(self, call, *args, **kwargs):
-        """Return ``call(*args, **kwargs)``, its wall time added to `seconds`."""
-        start = MPI.Wtime()
-        result = call(*args, **kwargs)
-        self.seconds += MPI.Wtime() - start
-        return result
+    timed = GradientExchange.timed  # ``call(*args, **kwargs)``, its wall time added to `seconds`

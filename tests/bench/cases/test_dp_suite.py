@@ -44,7 +44,8 @@ def test_sweep_trains_checks_and_records_settings(tmp_path):
     _, document = write_report([path], str(tmp_path / "report"), plots=False)
     (table,) = [t for t in document["suites"][0]["model_state"] if t["ranks"] == 2]
     assert [r["variant"] for r in table["rows"]] == list(variants)
-    assert "### Model state and speed per variant: model mlp, 2 ranks" in (tmp_path / "report" / "summary.md").read_text()
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "### Model state and speed per variant: model mlp, 2 ranks" in summary
     assert {p["dataset"] for p in params} == {"digits"} and {p["model"] for p in params} == {"mlp"}
     for row, p in zip(rows, params):
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
