@@ -203,7 +203,8 @@ class ShardedTrainer(GradientStep):
         return value, self._format.input(dlogits)
 
     def _round(self, values):
-        return self._format.round(values) if self._format else values
+        """``values`` rounded to the compute format (None, a first layer's skipped input gradient, as it is)."""
+        return self._format.round(values) if self._format and values is not None else values
 
     def _reduce(self, index, gradients):
         """Reduce-scatter ``gradients`` (segment ``index``, this micro-batch's, compute dtype) into this rank's
