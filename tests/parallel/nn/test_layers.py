@@ -5,7 +5,9 @@ from scipy.signal import correlate
 from scipy.special import log_softmax
 
 from kernels.errors import InputError
-from parallel.nn.conv import Conv2d, MaxPool2d, col2im, im2col
+from mpitools import combination
+from parallel.nn import conv
+from parallel.nn.conv import Conv2d, MaxPool2d, col2im_slabs, im2col
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 
 TOLERANCE = 1e-6
@@ -109,11 +111,73 @@ def test_conv2d_matches_naive_loops(kernel, stride, padding):
     np.testing.assert_allclose(layer.forward(x), expected, rtol=1e-12, atol=1e-12)
 
 
-def test_col2im_is_the_adjoint_of_im2col():
-    x, kernel, stride = random((2, 3, 7, 6)), (3, 2), 2
+def test_conv2d_gradients_in_chunks_and_odd_shapes(monkeypatch):
+    """Many chunks with a short last one, one input channel (the transposed workspace), batch 1,
+    one-pixel images, a 1x1 kernel; without the input gradient the same parameter gradients."""
+    monkeypatch.setattr(conv, "CHUNK_ELEMENTS", 100)
+    for channels, out_channels, kernel, stride, padding, shape in [
+            (1, 3, 3, 1, 0, (5, 1, 6, 5)), (3, 2, (2, 3), 2, 1, (3, 3, 5, 6)), (2, 3, 3, 1, 1, (1, 2, 1, 1)),
+            (5, 1, 1, 1, 0, (2, 5, 1, 1)), (1, 2, 2, 3, 2, (1, 1, 4, 3))]:
+        with combination(channels, kernel, stride, padding, shape):
+            layer = Conv2d(channels, out_channels, kernel, stride=stride, padding=padding, rng=3, dtype=np.float64)
+            layer.params["bias"][:] = random(out_channels, seed=4)
+            x = random(shape, seed=5)
+            check_gradients(layer, x)
+            first = Conv2d(channels, out_channels, kernel, stride=stride, padding=padding, rng=3, dtype=np.float64,
+                           input_gradient=False)
+            first.params["bias"][:] = layer.params["bias"]
+            dy = random(layer.forward(x).shape, seed=1)
+            layer.backward(dy)
+            assert first.forward(x).shape == dy.shape
+            assert first.backward(dy) is None
+            for name, grad in layer.grads.items():
+                np.testing.assert_allclose(first.grads[name], grad, rtol=1e-12)
+
+
+def test_conv2d_and_pool_take_any_memory_layout_and_keep_float32():
+    x = random((2, 3, 6, 6)).astype(np.float32)
+    layer, pool = Conv2d(3, 4, 3, padding=1, rng=0), MaxPool2d(2)
+    y = layer.forward(x)
+    assert y.dtype == np.float32 and y.transpose(0, 2, 3, 1).flags.c_contiguous
+    np.testing.assert_array_equal(layer.forward(np.ascontiguousarray(x)), layer.forward(
+        np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)))
+    np.testing.assert_array_equal(pool.forward(y), pool.forward(np.ascontiguousarray(y)))
+    assert pool.backward(np.ones((2, 4, 3, 3), np.float32)).dtype == np.float32
+
+
+def test_maxpool_crops_and_routes_a_non_finite_gradient_to_its_maximum_only():
+    x = random((1, 2, 5, 7))
+    pool = MaxPool2d(2)
+    y = pool.forward(x)
+    dy = np.ones_like(y)
+    dy[0, 1, 1, 2] = np.nan
+    dx = pool.backward(dy)
+    assert dx.shape == x.shape and np.all(dx[:, :, 4] == 0) and np.all(dx[:, :, :, 6] == 0)
+    assert np.count_nonzero(dx) == y.size and np.isnan(dx).sum() == 1
+    window = x[0, 1, 2:4, 4:6]
+    assert np.isnan(dx[0, 1, 2:4, 4:6].flat[np.argmax(window)])
+
+
+def as_slabs(cols, kernel, channels):
+    """A patch matrix's columns regrouped by kernel offset: ``(kh * kw, rows, c)``, as `col2im_slabs` takes them."""
+    return cols.reshape(len(cols), kernel[0] * kernel[1], channels).transpose(1, 0, 2)
+
+
+def test_col2im_slabs_is_the_adjoint_of_im2col():
+    x, kernel, stride = random((2, 7, 6, 3)), (3, 2), 2
     cols = im2col(x, kernel, stride)
     other = random(cols.shape, seed=1)
-    np.testing.assert_allclose(np.sum(cols * other), np.sum(x * col2im(other, x.shape, kernel, stride)))
+    dx = np.zeros_like(x)
+    col2im_slabs(as_slabs(other, kernel, 3), dx, kernel, stride)
+    np.testing.assert_allclose(np.sum(cols * other), np.sum(x * dx))
+
+
+def test_im2col_fills_a_transposed_workspace_alike():
+    x, kernel = random((3, 5, 4, 1)), (2, 3)
+    workspace = np.empty((kernel[0] * kernel[1], 3 * 4 * 2))
+    cols = im2col(x, kernel, 1, out=workspace.T)
+    assert cols.base is workspace or np.shares_memory(cols, workspace)
+    np.testing.assert_array_equal(workspace.T, im2col(x, kernel, 1))
 
 
 def test_maxpool_routes_gradient_to_argmax():

@@ -6,7 +6,7 @@ import pytest
 from kernels.errors import InputError
 from parallel.nn.attention import (attention_backward, attention_forward, blockwise_attention_backward,
                                    blockwise_attention_forward, check_qkv, output_delta)
-from parallel.nn.conv import Conv2d, MaxPool2d, col2im, im2col
+from parallel.nn.conv import Conv2d, MaxPool2d, col2im_slabs, im2col
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import accuracy, flat_storage, keras_cnn, mlp, mnist_cnn, predict, train_step
 from parallel.nn.optim import SGD, Adam
@@ -61,13 +61,15 @@ def test_to_keeps_the_values_and_leaves_device_arrays(device_backend):
 
 
 @pytest.mark.parametrize("kernel, stride", [((3, 3), 1), ((2, 3), 2), ((1, 1), 3)])
-def test_im2col_and_col2im_on_the_device(device_backend, kernel, stride):
-    x = np.random.default_rng(1).standard_normal((2, 3, 7, 8))
+def test_im2col_and_col2im_slabs_on_the_device(device_backend, kernel, stride):
+    x = np.random.default_rng(1).standard_normal((2, 7, 8, 3))
     cols = im2col(device_backend.from_host(x), kernel, stride)
     np.testing.assert_array_equal(host(device_backend, cols), im2col(x, kernel, stride))
-    image = col2im(cols, x.shape, kernel, stride)
-    np.testing.assert_array_equal(host(device_backend, image), col2im(im2col(x, kernel, stride), x.shape, kernel,
-                                                                      stride))
+    slabs = [array.reshape(len(array), -1, 3).transpose(1, 0, 2) for array in (cols, im2col(x, kernel, stride))]
+    images = device_backend.from_host(np.zeros_like(x)), np.zeros_like(x)
+    for slab, image in zip(slabs, images):
+        col2im_slabs(slab, image, kernel, stride)
+    np.testing.assert_array_equal(host(device_backend, images[0]), images[1])
 
 
 def test_padded_strided_conv_and_pool_on_the_device(device_backend):
