@@ -82,7 +82,7 @@ def test_unknown_set_name_is_one_line_with_status_2():
     assert (status, out) == (2, "")
     assert err.splitlines() == ["mlscale: error: --set DP_MODLE: not a setting of suite 'dp' (its settings are "
                                 "DP_MODEL, DP_OPTIMIZER, DP_COMPUTE, DP_DATASET, DP_BUCKET_BYTES, DP_PRECISION, "
-                                "DP_MICRO_BATCHES); "
+                                "DP_MICRO_BATCHES, DP_ZERO_COLLECTIVES); "
                                 "did you mean DP_MODEL?"]
 
 
@@ -118,8 +118,9 @@ def test_list_survives_a_bad_value_of_one_suite_and_shows_declarations():
     assert out.startswith("dp: variants mpi, mpi_overlap, ")
     assert "Data-parallel training steps" in out and "Settings (`SETTINGS`)" not in out
     rows = [line.split() for line in out.splitlines()]
-    assert ["DP_MODEL", "mlp", "mlp|cnn|keras_cnn", "model"] == rows[-7][:4]
-    assert ["DP_MICRO_BATCHES", "1", "integer", ">=", "1"] == rows[-1][:5]
+    assert ["DP_MODEL", "mlp", "mlp|cnn|keras_cnn", "model"] == rows[-8][:4]
+    assert ["DP_MICRO_BATCHES", "1", "integer", ">=", "1"] == rows[-2][:5]
+    assert ["DP_ZERO_COLLECTIVES", "mpi", "mpi|ring|auto"] == rows[-1][:3]
     status, out, _ = mlscale("list", "p2p")
     assert status == 0 and out.splitlines()[-1] == "    settings: none"
     status, out, _ = mlscale("list", "allreduce")
