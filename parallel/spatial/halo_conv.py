@@ -38,18 +38,23 @@ def conv_padding(mode, kernel_size):
     raise InputError(f"padding {mode!r} with kernel {kernel_size}: choose 'valid', or 'same' with an odd kernel")
 
 
-def patch_matrix(x, kernel, stride):
-    """The patches of ``x`` ``(n, c, h, w)`` as the *columns* of a ``(c * kh * kw, n * ho * wo)`` matrix.
+def window_view(x, kernel, stride):
+    """The windows of ``x`` ``(n, c, h, w)`` as a strided view ``(n, c, ho, wo, kh, kw)`` (no copy)."""
+    return array_module(x).lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+
+
+def patch_matrix(windows, workspace):
+    """Copy ``windows`` ``(n, c, ho, wo, kh, kw)`` into the flat ``workspace`` as the *columns* of a
+    ``(c * kh * kw, n * ho * wo)`` matrix; return that matrix (a view of the workspace).
 
     The transpose of `parallel.nn.conv.im2col`'s layout: each row is one kernel
-    offset of one channel, copied with long contiguous inner loops (several times
-    faster than im2col's ``kh * kw`` inner loop), and ``W.reshape(c_out, -1) @ cols``
-    comes out channel-major, ready for NCHW.
+    offset of one channel, copied with long contiguous inner loops (image rows), and
+    ``W.reshape(c_out, -1) @ cols`` comes out channel-major, ready for NCHW.
     """
-    batch, channels = x.shape[:2]
-    windows = array_module(x).lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
-    out_h, out_w = windows.shape[2:4]
-    return windows.transpose(1, 4, 5, 0, 2, 3).reshape(channels * kernel[0] * kernel[1], batch * out_h * out_w)
+    batch, channels, out_h, out_w, kh, kw = windows.shape
+    cols = workspace[:windows.size].reshape(channels, kh, kw, batch, out_h, out_w)
+    cols[...] = windows.transpose(1, 4, 5, 0, 2, 3)
+    return cols.reshape(channels * kh * kw, -1)
 
 
 def add_patch_matrix(dx, cols, kernel, stride):
@@ -102,13 +107,13 @@ class HaloConv2d(Layer):
         self.in_layout, self.out_layout = layout, self.exchange.out_layout
         self.in_shape = layout.tile_shape(grid.coords)
         self.out_shape = self.out_layout.tile_shape(grid.coords)
-        self._input = self._grad = None
+        self._input = self._grad = self._patches = self._products = None
 
     def to(self, backend):
         """Move the serial layer's parameters and gradients (which this layer shares) to ``backend``."""
         self.conv.to(backend)
         self.params, self.grads = self.conv.params, self.conv.grads
-        self._input = self._grad = None
+        self._input = self._grad = self._patches = self._products = None
         return self
 
     def _check(self, array, channels, shape, what):
@@ -137,13 +142,6 @@ class HaloConv2d(Layer):
                   (block_range(ib - ia, OVERLAP_PIECES, index) for index in range(OVERLAP_PIECES))]
         border = [((oa, ia), (qa, qb)), ((ib, ob), (qa, qb)), ((ia, ib), (qa, ja)), ((ia, ib), (jb, qb))]
         return [r for r in pieces if _nonempty(r)], [r for r in border if _nonempty(r)]
-
-    def _chunks(self, region, batch):
-        """The region cut in bands of output rows whose patch matrix has at most `CHUNK_ELEMENTS` entries."""
-        (r0, r1), cols = region
-        patch = self.conv.params["weight"][0].size
-        step = max(1, CHUNK_ELEMENTS // (batch * (cols[1] - cols[0]) * patch))
-        return [((start, min(start + step, r1)), cols) for start in range(r0, r1, step)]
 
     def _slices(self, region):
         """Buffer slices of the input window of ``region`` and output-tile slices of ``region``."""
@@ -179,15 +177,32 @@ class HaloConv2d(Layer):
         self._run(self._input, False, lambda region, progress: self._forward_region(y, region, progress))
         return y
 
+    def _bands(self, region, batch):
+        """``(row offset in the region, output rows)`` of the bands of output rows whose patch matrix has at
+        most `CHUNK_ELEMENTS` entries; a workspace for the patches and one for a band's GEMM result."""
+        (r0, r1), cols = region
+        weight = self.conv.params["weight"]
+        per_row = batch * (cols[1] - cols[0])
+        step = max(1, CHUNK_ELEMENTS // (per_row * weight[0].size))
+        rows = min(step, r1 - r0) * per_row
+        for name, size in (("_patches", rows * weight[0].size), ("_products", rows * max(weight[0].size, len(weight)))):
+            space = getattr(self, name)
+            if space is None or space.size < size or space.dtype != weight.dtype:
+                setattr(self, name, array_module(weight).empty(size, weight.dtype))
+        return [(start - r0, min(start + step, r1) - start) for start in range(r0, r1, step)]
+
     def _forward_region(self, y, region, progress):
         weight = self.conv.params["weight"]
         matrix, bias = weight.reshape(weight.shape[0], -1), self.conv.params["bias"][:, None]
-        for chunk in self._chunks(region, y.shape[0]):
-            window, output = self._slices(chunk)
-            out = matrix @ patch_matrix(self._input[window], self.conv.kernel, self.conv.stride)
-            out += bias
-            height, width = (hi - lo for lo, hi in chunk)
-            y[output] = out.reshape(-1, y.shape[0], height, width).transpose(1, 0, 2, 3)
+        window, output = self._slices(region)
+        windows, out = window_view(self._input[window], self.conv.kernel, self.conv.stride), y[output]
+        for start, height in self._bands(region, y.shape[0]):
+            cols = patch_matrix(windows[:, :, start:start + height], self._patches)
+            product = self._products[:weight.shape[0] * cols.shape[1]].reshape(weight.shape[0], -1)
+            array_module(weight).matmul(matrix, cols, out=product)
+            product += bias
+            out[:, :, start:start + height] = product.reshape(weight.shape[0], y.shape[0], height, -1).transpose(
+                1, 0, 2, 3)
             progress()
 
     def backward(self, dy):
@@ -207,11 +222,19 @@ class HaloConv2d(Layer):
         return self._grad[(Ellipsis,) + self.exchange.tile_region].copy()
 
     def _backward_region(self, dy, dweight, region, progress):
+        xp = array_module(dweight)
         matrix = self.conv.params["weight"].reshape(dweight.shape)
         kernel, stride = self.conv.kernel, self.conv.stride
-        for chunk in self._chunks(region, dy.shape[0]):
-            window, output = self._slices(chunk)
-            rows = dy[output].transpose(1, 0, 2, 3).reshape(dweight.shape[0], -1)
-            dweight += rows @ patch_matrix(self._input[window], kernel, stride).T
-            add_patch_matrix(self._grad[window], matrix.T @ rows, kernel, stride)
+        window, output = self._slices(region)
+        windows, grad, dy = window_view(self._input[window], kernel, stride), self._grad[window], dy[output]
+        part = xp.empty_like(dweight)
+        for start, height in self._bands(region, dy.shape[0]):
+            rows = xp.ascontiguousarray(dy[:, :, start:start + height].transpose(1, 0, 2, 3)).reshape(
+                dweight.shape[0], -1)
+            xp.matmul(rows, patch_matrix(windows[:, :, start:start + height], self._patches).T, out=part)
+            dweight += part
+            products = self._products[:matrix.shape[1] * rows.shape[1]].reshape(matrix.shape[1], -1)
+            xp.matmul(matrix.T, rows, out=products)
+            add_patch_matrix(grad[:, :, start * stride:(start + height - 1) * stride + kernel[0]], products, kernel,
+                             stride)
             progress()
