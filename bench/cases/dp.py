@@ -5,7 +5,11 @@ on the next global batch of ``size`` samples, each rank taking its `block_range`
 shard. Batches walk through the shuffled training split (80 % of the data,
 wrapping around); the other 20 % is the test set.
 
-Variants: ``mpi`` (``MPI.Allreduce`` after backward), ``mpi_overlap``
+Variants: ``keras`` (the framework reference, on 1 rank: the same model, initial weights, optimiser
+and global batches trained by Keras on TensorFlow with the rank's threads, `bench.families.keras`;
+needs ``mlscale[keras]``, skipped in a sweep without it or with a setting for the other variants;
+the report's ``vs_ref`` compares with it when measured, else with ``mpi``), ``mpi``
+(``MPI.Allreduce`` after backward), ``mpi_overlap``
 (``MPI.Iallreduce`` on each bucket as soon as backward has produced it), the
 hand-written algorithms of `parallel.collectives` (blocking, after backward), and
 the sharded ``zero1`` (optimiser state), ``zero2`` (gradients too; buckets of
@@ -67,8 +71,10 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.families.keras import KerasTrainer, harness_threads, to_channels_last
+from bench.families.keras import unavailable_reason as keras_unavailable_reason
 from bench.families.memory import peak_rss_mib, reset_peak_rss
-from bench.models.dp import OPTIMIZERS, DataParallelModel, read_settings
+from bench.models.dp import OPTIMIZERS, DataParallelModel, keras_conflict, read_settings
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
 from kernels.errors import InputError
@@ -169,11 +175,24 @@ class DataParallel(Case):
                      for part in _split_data(settings["dataset"], settings["model"] == "mlp", dtype))
         model = _build_model(settings["model"], data[0].shape[-1], dtype).to(backend)
         parameters = sum(param.size for param, _ in model.parameters())
-        trainer = _build_trainer(backend.comm(comm), model, settings)
+        if variant == "keras":  # the same model, weights and optimiser in Keras, on images in its layout
+            trainer = KerasTrainer(model, data[0].shape[1:], _build_optimizer(settings["optimizer"],
+                                                                              model.parameters()),
+                                   dtype, harness_threads())
+            data = tuple(map(to_channels_last, data))
+        else:
+            trainer = _build_trainer(backend.comm(comm), model, settings)
         optimizer = _build_optimizer(settings["optimizer"], trainer.parameters())
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
         reset_peak_rss()
         return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets, parameters=parameters)
+
+    def unavailable(self, comm, variant, backend):
+        """``keras`` where TensorFlow is missing or a setting is for the other variants (a sweep skips it)."""
+        reason = super().unavailable(comm, variant, backend)
+        if reason or variant != "keras":
+            return reason
+        return keras_unavailable_reason() or keras_conflict(self.settings)
 
     def run(self, state):
         start = MPI.Wtime()
@@ -241,6 +260,8 @@ class DataParallel(Case):
                        epoch_s_estimate=math.ceil(len(train_x) / state.size) * step_seconds,
                        peak_memory_mib=state.peak_memory_mib, skipped_steps=len(state.skipped),
                        loss_scale=scaler.scale if scaler else None)
+        if isinstance(trainer, KerasTrainer):
+            summary["tensorflow_threads"] = trainer.threads
         if state.steps:
             trainer.sync_model()  # collective for a sharded trainer (an allgather)
         if state.comm.rank == 0 and state.steps:

@@ -47,6 +47,9 @@ class Model:
     device_only_variants = {}
     #: ``reader(settings)``: the settings as the suite's model and case use them, kept as ``config`` (None: none).
     settings_reader = None
+    #: The variants the report may compare the others with (``vs_ref``), in order: the first one measured
+    #: (empty: the first variant that runs on the backend).
+    reference_variants = ()
 
     def __init__(self, settings=None):
         self.settings = resolve(self.declared_settings, (), os.environ, self.name) if settings is None else settings

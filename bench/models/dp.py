@@ -28,6 +28,8 @@ OVERLAP_BUCKET_BYTES = 64 << 10
 #: zero2's default bucket cap: a few buckets for the MLP (each a reduce-scatter), the whole gradient never held.
 ZERO2_BUCKET_BYTES = 256 << 10
 MODELS = ("mlp", "cnn", "keras_cnn")
+#: What TensorFlow's runtime adds to a process's memory (``keras``: its RSS after the first step, about 0.5 GiB).
+KERAS_RUNTIME_BYTES = 512 << 20
 #: (images, pixels) of the bundled sets; a directory of IDX files is taken as MNIST's 70,000 (memory estimate).
 DATA_SHAPES = {"mnist": (5000, 784), "digits": (1797, 64)}
 
@@ -94,11 +96,22 @@ def read_settings(settings, variant):
     if variant == "zero3" and bucket_bytes is not None:
         raise InputError("dp zero3 exchanges one layer at a time: MLSCALE_DP_BUCKET_BYTES is for the other variants")
     default_bucket = OVERLAP_BUCKET_BYTES if overlap else ZERO2_BUCKET_BYTES if variant == "zero2" else 0
-    return dict(model=model, dataset=dataset, allreduce="mpi" if overlap or sharded else variant, overlap=overlap,
+    exchanged = not (overlap or sharded or variant == "keras")
+    return dict(model=model, dataset=dataset, allreduce=variant if exchanged else "mpi", overlap=overlap,
                 bucket_bytes=default_bucket if bucket_bytes is None else bucket_bytes,
                 micro_batches=settings["DP_MICRO_BATCHES"], precision=settings["DP_PRECISION"],
                 optimizer=settings["DP_OPTIMIZER"], compute=settings["DP_COMPUTE"],
                 sharding=variant if sharded else None, collectives=settings["DP_ZERO_COLLECTIVES"])
+
+
+def keras_conflict(settings):
+    """Why the ``keras`` variant cannot honour the suite's ``settings`` (one line), or None: it trains in the
+    point's dtype, one batch per step, exchanging nothing."""
+    unusable = [f"MLSCALE_{name}={settings[name]}" for name, default in (
+        ("DP_COMPUTE", "full"), ("DP_PRECISION", "full"), ("DP_MICRO_BATCHES", 1), ("DP_BUCKET_BYTES", None))
+        if settings[name] != default]
+    return (f"keras trains in the point's dtype, one batch per step, exchanging nothing: {', '.join(unusable)} "
+            "is for the other variants") if unusable else None
 
 
 def model_state_bytes(variant, parameters, item, ranks, optimizer="adam"):
@@ -113,9 +126,17 @@ def model_state_bytes(variant, parameters, item, ranks, optimizer="adam"):
 
 class DataParallelModel(Model):
     name = "dp"
-    variants = ("mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS) + tuple(ZERO_STAGES)
+    variants = ("keras", "mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS) + tuple(ZERO_STAGES)
     size_unit = "samples"
     declared_settings = SETTINGS
+    host_only_variants = {"keras": "one TensorFlow process on the host (the framework reference of training)"}
+    reference_variants = ("keras", "mpi")
+
+    def check_ranks(self, ranks, variant):
+        """``keras`` is one process using every core (implicit parallelism): 1 rank only."""
+        if variant == "keras" and ranks != 1:
+            raise InputError(f"keras is one TensorFlow process using every core (implicit parallelism): it runs "
+                             f"on 1 rank, not {ranks}")
 
     def predict(self, variant, size, ranks, calib):
         """One step of the MLP on this rank's ceil(n / p) samples (`terms.dense_layers`), the gather of
@@ -124,12 +145,12 @@ class DataParallelModel(Model):
         one-rank steps around this batch (`terms.fitted_step`: a fixed cost of the step's Python calls and a
         scale). The zero variants: per segment (a bucket; zero3: a layer) MPI's reduce-scatter and allgather
         (zero3: two, less the last layer's, no credit for the prefetch), the update on the shard. None for
-        the CNNs, 16-bit exchange or compute, accumulation and the hand-written zero collectives (not
-        modelled)."""
+        the CNNs, 16-bit exchange or compute, accumulation, the hand-written zero collectives and ``keras``
+        (not modelled)."""
         settings = read_settings(self.settings, variant)
         sharding = settings["sharding"]
         if (settings["model"], settings["precision"], settings["compute"], settings["micro_batches"]) != \
-                ("mlp", "full", "full", 1) or (sharding and settings["collectives"] != "mpi"):
+                ("mlp", "full", "full", 1) or (sharding and settings["collectives"] != "mpi") or variant == "keras":
             return None
         item = terms.itemsize(calib)
 
@@ -172,7 +193,8 @@ class DataParallelModel(Model):
         flat gradients, optimiser state and buckets (8 vectors; Adam one more; mixed precision the
         16-bit copies of weights and gradients), and the activations of this rank's ``ceil(n / p)``
         samples (`ACTIVATIONS` per sample, in the compute format: float16 halves float32); the
-        check trains a serial model on the whole global batch of n samples on rank 0. The zero variants hold
+        check trains a serial model on the whole global batch of n samples on rank 0; ``keras`` adds
+        `KERAS_RUNTIME_BYTES`. The zero variants hold
         `model_state_bytes`, the update's temporaries of their shard and one gathered vector."""
         settings = read_settings(self.settings, variant)
         samples, pixels = DATA_SHAPES.get(settings["dataset"], (70000, 784))
@@ -185,6 +207,7 @@ class DataParallelModel(Model):
             kept = model_state_bytes(variant, parameters, item, ranks, settings["optimizer"])
             state = kept + item * parameters * (1 + (vectors - kept / (item * parameters)) / ranks)
         state += 2 * compute_item * parameters if settings["compute"] != "full" else 0
+        state += KERAS_RUNTIME_BYTES if variant == "keras" else 0
         per_sample = ACTIVATIONS[settings["model"]](pixels)
         activations = per_sample * (compute_item * -(-problem // ranks) + (item * problem if check else 0))
         return samples * pixels + item * 2 * samples * pixels + state + activations

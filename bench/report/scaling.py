@@ -169,12 +169,16 @@ def scaling_table(rows, calib=None, suites=None):
 
 def reference_variant(suite, rows, suites, backend="numpy"):
     """The suite's reference on ``backend``: its first variant that runs there (gemm: ``numpy`` on
-    the host, ``cupy`` on a GPU), or (a suite this installation cannot load) the first one read."""
+    the host, ``cupy`` on a GPU), or the first measured of its `reference_variants` (dp: ``keras``, else
+    ``mpi``), or (a suite this installation cannot load) the first one read."""
     model = suites[suite]
     if not model:
         return next(r["variant"] for r in rows if r["suite"] == suite)
     elsewhere = model.device_only_variants if backend == "numpy" else model.host_only_variants
-    return next((variant for variant in model.variants if variant not in elsewhere), model.variants[0])
+    runnable = [variant for variant in model.variants if variant not in elsewhere] or list(model.variants[:1])
+    preferred = [variant for variant in model.reference_variants if variant in runnable] or runnable[:1]
+    measured = {r["variant"] for r in rows if r["suite"] == suite and r["backend"] == backend}
+    return next((variant for variant in preferred if variant in measured), preferred[0])
 
 
 def _same_bytes(ref, row):

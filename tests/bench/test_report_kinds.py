@@ -88,6 +88,18 @@ def test_compute_suites_show_speedup_with_the_suites_own_metric_and_accuracy(tmp
     assert suites["dp"]["points"][1]["accuracy"] == 0.875
 
 
+def test_dp_is_compared_with_its_framework_reference_when_measured_else_with_mpi(tmp_path):
+    def dp(variant, ranks, seconds):
+        return point(variant, ranks, seconds, size=64, suite="dp", size_unit="samples", metric="comm_share",
+                     metric_value=0.0)
+
+    suites, summary = report_of(tmp_path, [dp("keras", 1, 0.25), dp("mpi", 1, 1.0), dp("mpi", 2, 0.5)])
+    assert suites["dp"]["reference"] == "keras" and "| vs keras | comm_share |" in summary
+    assert [p["vs_ref"] for p in suites["dp"]["points"] if p["variant"] == "mpi"] == [0.25, 0.5]
+    suites, _ = report_of(tmp_path / "without", [dp("mpi", 1, 1.0), dp("mpi", 2, 0.5)])
+    assert suites["dp"]["reference"] == "mpi"
+
+
 def test_superlinear_speedup_is_flagged_with_the_suites_reason_or_a_generic_one(tmp_path):
     times = {("sklearn", 1): 1.0, ("casvm", 1): 2.0, ("casvm", 2): 0.5, ("casvm", 4): 0.49,
              ("dis_smo", 1): 2.0, ("dis_smo", 2): 0.96}

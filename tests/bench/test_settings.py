@@ -115,7 +115,7 @@ def test_list_survives_a_bad_value_of_one_suite_and_shows_declarations():
     assert sum(line.startswith(f"{name}: variants ") for line in lines for name in SUITES) == len(SUITES)
     status, out, err = mlscale("list", "dp", MLSCALE_DP_MODEL="rnn")
     assert status == 0, err
-    assert out.startswith("dp: variants mpi, mpi_overlap, ")
+    assert out.startswith("dp: variants keras, mpi, mpi_overlap, ")
     assert "Data-parallel training steps" in out and "Settings (`SETTINGS`)" not in out
     rows = [line.split() for line in out.splitlines()]
     assert ["DP_MODEL", "mlp", "mlp|cnn|keras_cnn", "model"] == rows[-8][:4]
