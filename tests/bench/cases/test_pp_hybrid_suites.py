@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from kernels.errors import InputError
 from parallel.pipeline.timeline import Timeline
 from parallel.pipeline.schedule import bubble_fraction, idle_fraction
 from tests.clitools import mlscale as run_mlscale
@@ -114,17 +115,30 @@ def test_pp_reports_the_activation_memory_of_the_timed_steps_not_of_the_smaller_
     assert big == pytest.approx(4 * small, rel=0.01)  # GPipe holds every micro-batch: memory grows with the batch
 
 
+def _refusal(suite, environment, call):
+    """The `InputError` message of ``call(case)`` for ``suite`` with the ``MLSCALE_*`` ``environment`` (its
+    settings read as the command line reads them: an error there counts too)."""
+    from bench.registry import case_class, get_case
+    from bench.settings import resolve
+
+    with pytest.raises(InputError) as refused:
+        call(get_case(suite, resolve(case_class(suite).declared_settings, (), environment, suite)))
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
 def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
-    path = str(tmp_path / "pp.csv")
-    for settings, command, message in [
-            (TINY_PP, ["run"], "global batch (10) must be a multiple of MLSCALE_PP_MICROBATCHES=4"),
-            (dict(TINY_PP, MLSCALE_PP_BALANCE="flops"), ["run"], "MLSCALE_PP_BALANCE='flops'"),
-            (dict(TINY_PP, MLSCALE_PP_LAYERS="1"), ["sweep", PP, "--np", "2"], "2 stages need at least 2 layers"),
-            (dict(TINY_PP, MLSCALE_PP_BALANCE="parts"), ["run"], "MLSCALE_PP_BALANCE=parts is the lecture's")]:
-        suite = [] if command[0] == "sweep" else [PP]
-        status, _, err = mlscale(settings, *command, *suite, "--variants", "1f1b", "--sizes", "10", "--csv", path)
-        assert status == 2, err
-        assert message in err and len(err.strip().splitlines()) == 1
+    """One launch for the command line's one line and status 2; the other refusals where the launch meets them."""
+    status, _, err = mlscale(TINY_PP, "run", PP, "--variants", "1f1b", "--sizes", "10", "--csv", str(tmp_path / "x"))
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "global batch (10) must be a multiple of MLSCALE_PP_MICROBATCHES=4" in err
+    for settings, call, message in [
+            (dict(TINY_PP, MLSCALE_PP_BALANCE="flops"), None, "MLSCALE_PP_BALANCE='flops'"),
+            (dict(TINY_PP, MLSCALE_PP_LAYERS="1"), lambda case: case.check_ranks(2, "1f1b"),
+             "2 stages need at least 2 layers"),
+            (dict(TINY_PP, MLSCALE_PP_BALANCE="parts"), lambda case: case.check_ranks(1, "1f1b"),
+             "MLSCALE_PP_BALANCE=parts is the lecture's")]:
+        assert message in _refusal(PP, settings, call or (lambda case: None)), message
 
 
 def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
@@ -147,13 +161,13 @@ def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
 
 
 def test_hybrid_impossible_grids_are_one_line_errors_with_status_2(tmp_path):
-    path = str(tmp_path / "hybrid.csv")
+    status, _, err = mlscale(dict(TINY_HYBRID, MLSCALE_HYBRID_GRID="2x2"), "run", HYBRID, "--variants", "grid",
+                             "--sizes", "8", "--csv", str(tmp_path / "x"))
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "MLSCALE_HYBRID_GRID='2x2': expected DPxTPxPP" in err
     for settings, variant, message in [
-            (dict(MLSCALE_HYBRID_GRID="2x2"), "grid", "MLSCALE_HYBRID_GRID='2x2': expected DPxTPxPP"),
             (dict(MLSCALE_HYBRID_GRID="2x1x2"), "grid", "grid needs 4 ranks, not 1"),
             ({}, "grid", "needs MLSCALE_HYBRID_GRID"),
             ({}, "dp_tp", "1 ranks do not split over 2 axes")]:
-        status, _, err = mlscale(dict(TINY_HYBRID, **settings), "run", HYBRID, "--variants", variant,
-                                 "--sizes", "8", "--csv", path)
-        assert status == 2, err
-        assert message in err and len(err.strip().splitlines()) == 1
+        assert message in _refusal(HYBRID, dict(TINY_HYBRID, **settings),
+                                   lambda case: case.check_ranks(1, variant)), message
