@@ -113,18 +113,27 @@ def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
         read_settings(resolve(declared, (), dict(MLSCALE_DP_BUCKET_BYTES="1K"), "dp"), "zero3")
 
 
-@pytest.mark.parametrize("ranks, size", [(1, 16), (2, 33)])  # shards of 16; of 17 and 16
-def test_more_micro_batches_than_the_smallest_shard_holds_is_one_line_and_status_2(tmp_path, ranks, size):
-    status, _, err = mlscale(dict(MLSCALE_DP_MICRO_BATCHES="17"), "sweep", SUITE, "--np", str(ranks), "--sizes",
-                             str(size), "--variants", "mpi", "--iters", "1", "--warmup", "0",
-                             "--csv", str(tmp_path / "dp.csv"))
-    assert status == 2, err
-    assert len(err.strip().splitlines()) == 1
+def test_more_micro_batches_than_the_smallest_shard_holds_is_one_line_and_status_2(tmp_path):
+    """On 2 ranks through the command line (shards of 17 and 16); on 1 rank in-process, where as many
+    micro-batches as samples set up."""
+    from mpi4py import MPI
+
+    from bench.registry import get_case
+    from kernels.backend import get_backend
+
+    status, _, err = mlscale(dict(MLSCALE_DP_MICRO_BATCHES="17"), "sweep", SUITE, "--np", "2", "--sizes", "33",
+                             "--variants", "mpi", "--iters", "1", "--warmup", "0", "--csv", str(tmp_path / "dp.csv"))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert "MLSCALE_DP_MICRO_BATCHES=17 is more than the 16 samples of the smallest shard" in err
-    status, _, err = mlscale(dict(MLSCALE_DP_MICRO_BATCHES="16"), "sweep", SUITE, "--np", str(ranks), "--sizes",
-                             str(size), "--variants", "mpi", "--iters", "1", "--warmup", "0", "--no-check",
-                             "--csv", str(tmp_path / "dp.csv"))
-    assert status == 0, err
+    backend = get_backend("numpy", MPI.COMM_SELF)
+    for micro_batches in (17, 16):
+        case = get_case("dp", resolve(case_class("dp").declared_settings, (f"DP_MICRO_BATCHES={micro_batches}",), {},
+                                      "dp"))
+        if micro_batches == 17:
+            with pytest.raises(InputError, match="MLSCALE_DP_MICRO_BATCHES=17 is more than the 16 samples"):
+                case.setup(MPI.COMM_SELF, 16, "mpi", backend, "float32")
+        else:
+            case.teardown(case.setup(MPI.COMM_SELF, 16, "mpi", backend, "float32"))
 
 
 @pytest.mark.parametrize("settings", [dict(MLSCALE_DP_MODEL="cnn"),
