@@ -88,6 +88,9 @@ class HybridTrainer(GradientStep):
         Where the blocks live (moved with `parallel.nn.layers.Layer.to` before the
         pipeline allocates its buffers); default: the host. Pass
         ``backend.comm(comm)`` as ``comm`` for a device backend.
+    collectives : str
+        The blocks' tensor allreduce: ``"mpi"`` or a hand-written family
+        (`parallel.tensor.exchange.TENSOR_COLLECTIVES`).
 
     Attributes
     ----------
@@ -101,14 +104,14 @@ class HybridTrainer(GradientStep):
     """
 
     def __init__(self, comm, dp, tp, pp, hidden, ffn, blocks, micro_batches=1, schedule="1f1b", seed=0,
-                 dtype=np.float32, backend=None):
+                 dtype=np.float32, backend=None, collectives="mpi"):
         check_grid(comm.size, dp, tp, pp, hidden, ffn, blocks)
         self.shape, self.micro_batches = (dp, tp, pp), micro_batches
         self.grid = ProcessGrid(comm, (dp, pp, tp))
         self.dp_comm, self.pp_comm, self.tp_comm = self.grid.axis_comms
         self.replica, self.stage, self.tp_rank = self.grid.coords
         self.block_indices = range(*block_range(blocks, pp, self.stage))
-        self.blocks = [ParallelMLP(self.tp_comm, hidden, ffn, block_seed(seed, k), dtype)
+        self.blocks = [ParallelMLP(self.tp_comm, hidden, ffn, block_seed(seed, k), dtype, collectives=collectives)
                        for k in self.block_indices]
         if backend is not None:
             for block in self.blocks:
