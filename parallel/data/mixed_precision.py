@@ -241,8 +241,9 @@ class MixedPrecision:
         return value, self.format.input(dlogits)
 
     def round(self, dy):
-        """Round a backward output to the format in place; return it."""
-        return self.format.round(dy)
+        """Round a backward output to the format in place; return it (None, a first layer's skipped input
+        gradient, as it is)."""
+        return dy if dy is None else self.format.round(dy)
 
     def to_master(self, start=0, stop=None):
         """Widen the model's gradients ``[start:stop]`` into the master gradients."""

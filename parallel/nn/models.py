@@ -49,11 +49,12 @@ def mnist_cnn(seed=0, dtype=np.float32):
     """Return the classic small MNIST CNN for ``(n, 1, 28, 28)`` inputs and 10 logits.
 
     conv 1->10 k5 (24x24), max-pool 2 (12x12), ReLU, conv 10->20 k5 (8x8), max-pool 2
-    (4x4), ReLU, flatten (320), linear 320->50, ReLU, linear 50->10.
+    (4x4), ReLU, flatten (320), linear 320->50, ReLU, linear 50->10. The first convolution
+    computes no input gradient (``backward`` returns None): nothing reads the images' gradient.
     """
     rng = np.random.default_rng(seed)
     return Sequential([
-        Conv2d(1, 10, 5, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
+        Conv2d(1, 10, 5, rng=rng, dtype=dtype, input_gradient=False), MaxPool2d(2), ReLU(),
         Conv2d(10, 20, 5, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
         Flatten(), Linear(320, 50, rng=rng, dtype=dtype), ReLU(), Linear(50, 10, rng=rng, dtype=dtype),
     ])
@@ -66,11 +67,12 @@ def keras_cnn(seed=0, dtype=np.float32):
     (5x5), conv 64->64 3x3 (3x3), flatten (576), dense 576->64, dense 64->10; ReLU
     after every convolution and after dense 64 (93,322 parameters). ReLU is applied
     after the pooling, which gives the same values as Keras's ReLU-then-pool
-    (max-pooling and ReLU commute) on 4x fewer elements.
+    (max-pooling and ReLU commute) on 4x fewer elements. As in `mnist_cnn`, the first
+    convolution computes no input gradient.
     """
     rng = np.random.default_rng(seed)
     return Sequential([
-        Conv2d(1, 32, 3, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
+        Conv2d(1, 32, 3, rng=rng, dtype=dtype, input_gradient=False), MaxPool2d(2), ReLU(),
         Conv2d(32, 64, 3, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
         Conv2d(64, 64, 3, rng=rng, dtype=dtype), ReLU(),
         Flatten(), Linear(576, 64, rng=rng, dtype=dtype), ReLU(), Linear(64, 10, rng=rng, dtype=dtype),

@@ -23,8 +23,9 @@ BATCH = 61  # not divisible by 2, 3 or 4
 
 
 def small_cnn(seed):
+    """A CNN whose first convolution skips its input gradient (backward returns None, passed through)."""
     rng = np.random.default_rng(seed)
-    return Sequential([Conv2d(1, 4, 3, rng=rng), MaxPool2d(2), ReLU(), Conv2d(4, 6, 3, padding=1, rng=rng),
+    return Sequential([Conv2d(1, 4, 3, rng=rng, input_gradient=False), MaxPool2d(2), ReLU(), Conv2d(4, 6, 3, padding=1, rng=rng),
                        ReLU(), Flatten(), Linear(54, 10, rng=rng)])
 
 
