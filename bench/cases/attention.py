@@ -29,7 +29,8 @@ gathered from the run (themselves checked on the sampled rows). Tolerance
 
 Metrics: items_per_s = tokens/s; gflops counts ``4 n^2 heads dim`` flops per
 forward and ``10 n^2 heads dim`` per backward (scores recomputed), halved under a
-causal mask. Metric ``imbalance`` (causal: max / mean over ranks holding tokens of
+causal mask, over every rank; ``gflops_per_rank`` in params: gflops over the ranks holding tokens
+(``computing_ranks``: 1 for ``full``). Metric ``imbalance`` (causal: max / mean over ranks holding tokens of
 the per-rank compute seconds per run) or ``peak_mem_mb`` (otherwise: the largest
 rank's peak). Params: settings, compute seconds, bytes and messages sent per
 rank and run, and peak memory per rank in MB (1e6 bytes) = the rank's input
@@ -50,6 +51,7 @@ from typing import Optional
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops as counts
 from bench.faults import sleeping_barrier
 from bench.models.attention import AttentionModel
 from kernels.distribution import block_range
@@ -198,8 +200,9 @@ class Attention(Case):
         flops = (4 + (10 if settings["backward"] else 0)) * n * n * settings["heads"] * settings["dim"]
         flops *= 0.5 if settings["causal"] else 1.0
         metric, value = ("imbalance", imbalance) if settings["causal"] else ("peak_mem_mb", max(peak_mb))
-        rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: math.nan)
-        return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(n), metric=metric, metric_value=value)
+        gflops, state.summary["gflops_per_rank"] = counts.per_rank(flops, seconds, len(busy))
+        return Metrics(gflops=gflops, items_per_s=n / seconds if seconds > 0 else math.nan, metric=metric,
+                       metric_value=value)
 
     def params(self, state):
         host_only = " (host allocations only)" if state.backend.name != "numpy" else ""

@@ -16,10 +16,11 @@ is ``round(size * sqrt(p))``, so ``H * W / p`` stays ``size**2`` within rounding
 (the tiles are not square when the grid is not: 724 x 1448 on 2 ranks for 1024).
 
 Metrics: ``gflops`` = convolution flops (``2 N C^2 k^2 H W`` forward, three times
-that with backward) per second; ``metric`` ``halo_share`` = wall time inside the
+that with backward: `bench.models.flops`) per second over every rank; ``metric`` ``halo_share`` = wall time inside the
 halo exchanges (packing, posting, waiting, unpacking; forward and reverse) over
 run time, measured on rank 0. ``params``: grid, rank 0's tile, the largest halo
-bytes received by a rank in one forward exchange, overlap, packing, settings.
+bytes received by a rank in one forward exchange, overlap, packing, settings, ``gflops_per_rank``
+(gflops / ranks).
 
 Check: inputs and output gradients are a hash of the global element index, so any
 window can be rebuilt without the rest of the image. Each rank compares its
@@ -43,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.models.conv import FULL_CHECK_ELEMENTS, HaloConvModel, read_settings
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
@@ -97,6 +99,7 @@ class _State:
     y: np.ndarray = None
     dx: np.ndarray = None
     run_seconds: float = 0.0
+    gflops_per_rank: float = math.nan
 
 
 class HaloConv(Case):
@@ -202,15 +205,17 @@ class HaloConv(Case):
 
     def metrics(self, state, seconds):
         batch, channels, kernel = (state.settings[key] for key in ("batch", "channels", "kernel"))
-        flops = 2 * batch * channels ** 2 * kernel ** 2 * state.size ** 2 * (3 if state.backward else 1)
-        return Metrics(gflops=flops / seconds / 1e9 if seconds > 0 else math.nan, metric="halo_share",
-                       metric_value=_halo_share(state))
+        forward, backward = flops.convolution(batch, state.size ** 2, channels, channels, kernel ** 2)
+        gflops, state.gflops_per_rank = flops.per_rank(forward + (backward if state.backward else 0), seconds,
+                                                       state.comm.size)
+        return Metrics(gflops=gflops, metric="halo_share", metric_value=_halo_share(state))
 
     def params(self, state):
         grid = state.conv.grid
         return dict(state.settings, grid="x".join(map(str, grid.dims)),
                     tile="x".join(map(str, state.conv.in_shape)), halo_bytes_per_rank=state.halo_bytes,
-                    overlap=state.conv.overlap, stride=1, padding="same", halo_share=_halo_share(state))
+                    overlap=state.conv.overlap, stride=1, padding="same", halo_share=_halo_share(state),
+                    gflops_per_rank=state.gflops_per_rank)
 
 def _end_spans(lo, hi):
     """The first and last `CORNER` indices of ``[lo, hi)``, without overlap (one span when short)."""

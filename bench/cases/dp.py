@@ -34,7 +34,9 @@ default 64K for ``mpi_overlap``, which needs buckets, else 0); the exchange
 precision (``full``: the model dtype, see `parallel.data.gradient_wire`); and the
 micro-batches accumulated per step.
 
-Recorded: items_per_s (global samples per second); metric ``comm_share``: the
+Recorded: items_per_s (global samples per second); gflops, the step's flops (`bench.models.flops`:
+the model's dense layers and convolutions on the global batch, forward and backward) per second over
+every rank, and ``gflops_per_rank`` in params (gflops / ranks); metric ``comm_share``: the
 time rank 0 spent in the MPI calls of the gradient exchange (waits for slower
 ranks included) over its step time, summed over every step of the point; in
 ``params`` the settings, ``buckets``, ``steps``, ``epoch_s_estimate`` (rank 0's
@@ -74,6 +76,7 @@ from bench.case import Case, Metrics
 from bench.families.keras import KerasTrainer, harness_threads, to_channels_last
 from bench.families.keras import unavailable_reason as keras_unavailable_reason
 from bench.families.memory import peak_rss_mib, reset_peak_rss
+from bench.models import flops
 from bench.models.dp import OPTIMIZERS, DataParallelModel, keras_conflict, read_settings
 from kernels.datasets import load_digits, load_mnist_idx, load_mnist_sample, train_test_split
 from kernels.distribution import block_range
@@ -133,6 +136,8 @@ class _State:
     peak_memory_mib: float = math.nan
     model_state: tuple = None
     parameters: int = 0
+    flops: int = 0
+    gflops_per_rank: float = math.nan
 
 
 def _rows(step, size, offsets, n_train):
@@ -145,7 +150,7 @@ class DataParallel(Case):
     benchmark = "data_parallel"
     size_help = "global batch size in samples (weak: per rank); one run = one training step"
     default_sizes = "32:1K"
-    metrics_help = ("items_per_s = samples/s; metric comm_share = gradient-exchange time / step time (rank 0); "
+    metrics_help = ("items_per_s = samples/s; gflops = step flops / s (params gflops_per_rank); metric comm_share = gradient-exchange time / step time (rank 0); "
                     "params: settings, epoch_s_estimate, samples_per_epoch, peak_memory_mib (host RSS high-water "
                     "mark of the steps, busiest rank), model_state_bytes and peak_model_state_bytes (parameters, "
                     "gradients and optimiser state of the busiest rank between steps / at a step's peak), loss_scale, "
@@ -175,6 +180,7 @@ class DataParallel(Case):
                      for part in _split_data(settings["dataset"], settings["model"] == "mlp", dtype))
         model = _build_model(settings["model"], data[0].shape[-1], dtype).to(backend)
         parameters = sum(param.size for param, _ in model.parameters())
+        step_flops = flops.step(model, data[0].shape[1:], size)  # the global batch's, over every rank
         if variant == "keras":  # the same model, weights and optimiser in Keras, on images in its layout
             trainer = KerasTrainer(model, data[0].shape[1:], _build_optimizer(settings["optimizer"],
                                                                               model.parameters()),
@@ -185,7 +191,8 @@ class DataParallel(Case):
         optimizer = _build_optimizer(settings["optimizer"], trainer.parameters())
         offsets = np.arange(*block_range(size, comm.size, comm.rank))
         reset_peak_rss()
-        return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets, parameters=parameters)
+        return _State(comm, backend, dtype, size, settings, trainer, optimizer, data, offsets, parameters=parameters,
+                      flops=step_flops)
 
     def unavailable(self, comm, variant, backend):
         """``keras`` where TensorFlow is missing or a setting is for the other variants (a sweep skips it)."""
@@ -242,8 +249,9 @@ class DataParallel(Case):
         state.peak_memory_mib = state.comm.allreduce(peak, op=MPI.MAX)
         held = state.model_state or _model_state(state)
         state.model_state = tuple(state.comm.allreduce(count, op=MPI.MAX) for count in held)
-        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
-                       metric_value=_comm_share(state))
+        gflops, state.gflops_per_rank = flops.per_rank(state.flops, seconds, state.comm.size)
+        return Metrics(gflops=gflops, items_per_s=state.size / seconds if seconds > 0 else math.nan,
+                       metric="comm_share", metric_value=_comm_share(state))
 
     def params(self, state):
         train_x, test_x, _, test_y = state.data
@@ -259,6 +267,7 @@ class DataParallel(Case):
                        epochs=state.steps * state.size / len(train_x),
                        epoch_s_estimate=math.ceil(len(train_x) / state.size) * step_seconds,
                        peak_memory_mib=state.peak_memory_mib, skipped_steps=len(state.skipped),
+                       gflops_per_rank=state.gflops_per_rank,
                        loss_scale=scaler.scale if scaler else None)
         if isinstance(trainer, KerasTrainer):
             summary["tensorflow_threads"] = trainer.threads

@@ -17,7 +17,9 @@ Settings (`bench.models.hybrid.SETTINGS`): the grid of variant ``grid``, block w
 (``blocks >= pp``, ``ffn >= tp``), micro-batches per replica and step, and the
 pipeline schedule.
 
-Recorded: items_per_s (samples per second); metric ``comm_share``: ``1 - sum_r
+Recorded: items_per_s (samples per second); gflops, the serial model's forward and backward on the
+batch (`bench.models.flops`) per second over every rank, and ``gflops_per_rank`` in params; metric
+``comm_share``: ``1 - sum_r
 busy_r / (P max_r step_r)`` over all ``P`` ranks, ``busy`` being computation
 without the tensor-parallel allreduces (so the share covers tensor, pipeline and
 data-parallel communication and the pipeline bubble) of each run, median over the
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_wrong, restore, serial_step_parameters,
                                      synthetic_batch)
 from bench.models.hybrid import HybridModel, grid_for
@@ -62,7 +65,9 @@ class _State:
     optimizer: SGD
     data: tuple
     initial: list
+    flops: int
     timeline: Timeline = field(default_factory=Timeline)
+    gflops_per_rank: float = math.nan
 
 
 class Hybrid(Case):
@@ -70,7 +75,7 @@ class Hybrid(Case):
     benchmark = "hybrid"
     size_help = "global batch in samples (weak: per rank); each replica's shard a multiple of the micro-batches"
     default_sizes = "64:512"
-    metrics_help = ("items_per_s = samples/s; metric comm_share (communication and bubble share of the step); "
+    metrics_help = ("items_per_s = samples/s; gflops (params gflops_per_rank); metric comm_share (communication and bubble share of the step); "
                     "params: dp, tp, pp, compute_s / tensor_s / send_s / wait_s / allreduce_s per rank")
     dtypes = ("float32", "float64")
 
@@ -98,8 +103,9 @@ class Hybrid(Case):
         trainer.check_batch(size)
         optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE)
         data = tuple(backend.from_host(part) for part in synthetic_batch(size, self.hidden, self.hidden, dtype))
+        model = serial_model(self.hidden, self.ffn, self.blocks, SEED, np.dtype(dtype))  # the layers' shapes
         return _State(comm, backend, dtype, size, trainer, optimizer, data,
-                      [param.copy() for param, _ in trainer.parameters()])
+                      [param.copy() for param, _ in trainer.parameters()], flops.step(model, (self.hidden,), size))
 
     def run(self, state):
         tensor_before = state.trainer.tensor_seconds()
@@ -121,8 +127,9 @@ class Hybrid(Case):
     def metrics(self, state, seconds):
         """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
         share = state.timeline.idle_share(state.comm, busy=lambda run: run["compute"] - run.get("tensor", 0.0))
-        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="comm_share",
-                       metric_value=share)
+        gflops, state.gflops_per_rank = flops.per_rank(state.flops, seconds, state.comm.size)
+        return Metrics(gflops=gflops, items_per_s=state.size / seconds if seconds > 0 else math.nan,
+                       metric="comm_share", metric_value=share)
 
     def params(self, state):
         """Grid, settings and per-rank seconds per step (collective: one allgather)."""
@@ -131,6 +138,7 @@ class Hybrid(Case):
         per_rank = state.comm.allgather([round(state.timeline.per_step(kind), 6) for kind in kinds])
         summary = {"dp": dp, "tp": tp, "pp": pp, "hidden": self.hidden, "ffn": self.ffn, "blocks": self.blocks,
                    "micro_batches": self.micro_batches, "schedule": self.schedule, "steps": state.timeline.steps,
-                   "theoretical_bubble": round(theoretical_bubble(pp, self.micro_batches), 4)}
+                   "theoretical_bubble": round(theoretical_bubble(pp, self.micro_batches), 4),
+                   "gflops_per_rank": state.gflops_per_rank}
         summary.update({f"{kind}_s": list(column) for kind, column in zip(kinds, zip(*per_rank))})
         return summary

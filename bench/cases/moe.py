@@ -26,7 +26,8 @@ loss or drop count adds one wrong element each.
 
 Metrics: items_per_s = tokens/s; gflops counts the expert GEMMs of the kept rows
 (``12 hidden ffn`` flops per row, forward + backward) and the gate (``6 T hidden
-E``). Metric ``dropped_fraction``: dropped assignments / ``k T``. Params: settings,
+E``; `bench.models.flops`) over every rank, ``gflops_per_rank`` (gflops / ranks) in params. Metric
+``dropped_fraction``: dropped assignments / ``k T``. Params: settings,
 ``experts``, ``capacity_per_rank``, ``load_imbalance`` (max kept rows per expert /
 mean), ``aux_loss``, and per rank the bytes sent (all-to-all rows exactly,
 allreduces as a ring) and comm share per run and the peak memory estimate of
@@ -42,6 +43,7 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.models.moe import AUX_LOSS_WEIGHT, TOP_K, MixtureOfExpertsModel
 from kernels.distribution import block_counts, block_range
@@ -109,11 +111,12 @@ class MixtureOfExperts(Case):
                                for n in block_counts(state.size, state.comm.size)],
             load_imbalance=round(float(load.max() / load.mean()), 4) if load.sum() else math.nan,
             aux_loss=layer.aux_loss, dropped=layer.dropped)
-        rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: math.nan)
-        flops = 12 * settings["hidden"] * settings["ffn"] * int(load.sum()) + \
-            6 * state.size * settings["hidden"] * settings["experts"]
-        return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(state.size), metric="dropped_fraction",
-                       metric_value=layer.dropped / (settings["top_k"] * state.size))
+        hidden = settings["hidden"]
+        work = sum(flops.dense_stack(int(load.sum()), (hidden, settings["ffn"], hidden))) + \
+            sum(flops.dense(state.size, hidden, settings["experts"]))
+        gflops, state.summary["gflops_per_rank"] = flops.per_rank(work, seconds, state.comm.size)
+        return Metrics(gflops=gflops, items_per_s=state.size / seconds if seconds > 0 else math.nan,
+                       metric="dropped_fraction", metric_value=layer.dropped / (settings["top_k"] * state.size))
 
     def params(self, state):
         return dict(state.settings, **state.summary)

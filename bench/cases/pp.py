@@ -24,7 +24,9 @@ stage) or ``parts`` (the lecture's ModelPart1 = the convolutions, ModelPart2 = t
 dense layers; cnn on 2 ranks). Default: ``layers`` for mlp; for cnn ``parts`` on 2
 ranks, else ``time``.
 
-Recorded: items_per_s (samples per second); metric ``bubble``, the measured bubble
+Recorded: items_per_s (samples per second); gflops, the flops of the whole model's forward and
+backward on the batch (`bench.models.flops`) per second, and ``gflops_per_rank`` (over the stages) in
+params; metric ``bubble``, the measured bubble
 ``1 - max_r compute_r / max_r step_r`` (idle share of the busiest stage: the
 schedule's fill and drain) of each run, median over the point's runs; params:
 ``theoretical_bubble`` ``(p - 1) / (m + p - 1)`` (0 for pipedream: its steady state),
@@ -65,6 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.families.training import (LEARNING_RATE, SEED, check_samples, count_wrong, mnist_batch,
                                      restore, serial_step_parameters, synthetic_batch)
 from bench.models.pp import PipelineModel
@@ -96,7 +99,9 @@ class _State:
     offset: int
     bounds: list
     stage_params: list
+    flops: int
     timeline: Timeline = field(default_factory=Timeline)
+    gflops_per_rank: float = math.nan
 
 
 class PipelineSuite(Case):
@@ -104,7 +109,7 @@ class PipelineSuite(Case):
     benchmark = "pipeline"
     size_help = "global batch in samples (weak: per rank), a multiple of PP_MICROBATCHES; one run = one training step"
     default_sizes = "64:512"
-    metrics_help = ("items_per_s = samples/s; metric bubble (measured: idle share of the busiest stage); params: "
+    metrics_help = ("items_per_s = samples/s; gflops (params gflops_per_rank); metric bubble (measured: idle share of the busiest stage); params: "
                     "theoretical_bubble, replayed_bubble (free messages), idle_fraction (all stages), stage_imbalance, "
                     "stage_params, peak_in_flight and peak_activation_mib per stage, staleness and stash_mib per stage "
                     "(pipedream), compute_s / send_s / wait_s / step_s per rank")
@@ -134,6 +139,7 @@ class PipelineSuite(Case):
         bounds = self._partition(comm, layers, size // m, dtype)
         start, stop = bounds[comm.rank]
         shape = (1, 28, 28) if self.network == "cnn" else (self.width,)
+        step_flops = flops.step(layers, shape, size)  # every stage's layers on the whole batch
         mine = [layer.to(backend) for layer in layers[start:stop]]
         stage_comm = backend.comm(comm)
         stage = (PipeDream(stage_comm, mine, shape, m, dtype) if variant == PIPEDREAM
@@ -143,7 +149,7 @@ class PipelineSuite(Case):
         data = tuple(backend.from_host(part) for part in self._data(size, dtype))
         return _State(comm, backend, dtype, size, variant, stage, optimizer, data,
                       [param.copy() for param, _ in stage.parameters()], offset, bounds,
-                      [sum(layer_parameter_count(layer) for layer in layers[a:b]) for a, b in bounds])
+                      [sum(layer_parameter_count(layer) for layer in layers[a:b]) for a, b in bounds], step_flops)
 
     def _partition(self, comm, layers, rows, dtype):
         balance = self.model.balance_on(comm.size)
@@ -210,7 +216,8 @@ class PipelineSuite(Case):
 
     def metrics(self, state, seconds):
         """Rates of the point; collective (one allgather), as the harness calls it on every rank."""
-        return Metrics(items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="bubble",
+        gflops, state.gflops_per_rank = flops.per_rank(state.flops, seconds, state.comm.size)
+        return Metrics(gflops=gflops, items_per_s=state.size / seconds if seconds > 0 else math.nan, metric="bubble",
                        metric_value=state.timeline.idle_share(state.comm, bubble_fraction))
 
     def params(self, state):
@@ -225,7 +232,7 @@ class PipelineSuite(Case):
         pipedream = state.schedule == PIPEDREAM
         result = {"schedule": state.schedule, "micro_batches": self.micro_batches, "model": self.network,
                   "balance": self.model.balance_on(comm.size), "stage_layers": [b - a for a, b in state.bounds],
-                  "stage_params": state.stage_params,
+                  "stage_params": state.stage_params, "gflops_per_rank": state.gflops_per_rank,
                   "theoretical_bubble":
                       0.0 if pipedream else round(theoretical_bubble(comm.size, self.micro_batches), 4),
                   "peak_in_flight": list(columns[0]),

@@ -25,18 +25,23 @@ SGD step on the same global batch. Every variant also counts gradient shards
 applied with a staleness above the bound (0 in sync, s in ssp) and non-finite
 parameters.
 
-Metrics: items_per_s = samples per second; metric ``comm_share`` (sync: the
+Metrics: items_per_s = samples per second; gflops = the flops of one global step (`bench.models.flops`:
+the model's layers on the global batch, forward and backward; the servers' SGD not counted) per second;
+metric ``comm_share`` (sync: the
 workers' share of time spent waiting on pulls and pushes) or ``max_staleness``
 (async, ssp); params: servers, workers, bound, model, parameters, comm_share,
-max_staleness, mean_staleness.
+max_staleness, mean_staleness, ``gflops_per_rank`` (gflops over the workers: the servers compute no
+gradient).
 """
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.models.ps import SETTINGS, ParameterServerModel
 from kernels.datasets import load_mnist_sample, train_test_split
 from kernels.distribution import block_range
@@ -74,6 +79,7 @@ class _State:
     labels: np.ndarray
     steps: int = 0
     statistics: Optional[Statistics] = None
+    gflops_per_rank: float = math.nan
 
 
 def global_rows(step, batch, n):
@@ -86,7 +92,8 @@ class ParameterServerSuite(Case):
     benchmark = "param_server"
     size_help = "global batch size in samples (>= workers); one run = one global step"
     default_sizes = "64:1024"
-    metrics_help = "items_per_s = samples/s; metric comm_share (sync) or max_staleness (async, ssp)"
+    metrics_help = ("items_per_s = samples/s; gflops (params gflops_per_rank: per worker); metric comm_share (sync) "
+                    "or max_staleness (async, ssp)")
     dtypes = ("float32", "float64")  # float32 first, as in suite dp: their default rates compare
 
     description = ("Parameter-server training of an MLP or CNN on the MNIST sample: server ranks hold the "
@@ -147,7 +154,9 @@ class ParameterServerSuite(Case):
             metric, value = "comm_share", stats.comm_share
         else:
             metric, value = "max_staleness", float(stats.max_staleness)
-        return Metrics(items_per_s=state.batch / seconds if seconds > 0 else None, metric=metric,
+        step_flops = flops.step(state.model, state.images.shape[1:], state.batch)
+        gflops, state.gflops_per_rank = flops.per_rank(step_flops, seconds, state.ps.workers)
+        return Metrics(gflops=gflops, items_per_s=state.batch / seconds if seconds > 0 else None, metric=metric,
                        metric_value=value)
 
     def params(self, state):
@@ -155,7 +164,8 @@ class ParameterServerSuite(Case):
         ps = state.ps
         return {"servers": ps.servers, "workers": ps.workers, "bound": ps.bound, "model": state.model_name,
                 "parameters": int(ps.flat_params.size), "comm_share": round(stats.comm_share, 4),
-                "max_staleness": stats.max_staleness, "mean_staleness": round(stats.mean_staleness, 4)}
+                "max_staleness": stats.max_staleness, "mean_staleness": round(stats.mean_staleness, 4),
+                "gflops_per_rank": state.gflops_per_rank}
 
 def _worker_gradient(state, clock):
     """Fill the worker's gradient for its block of global batch ``clock`` (scaled by the global batch)."""

@@ -34,7 +34,8 @@ a CUDA-aware MPI); the check moves the results to the host. Peak memory then
 counts the device arrays' bytes plus the host ``tracemalloc`` peak.
 
 Metrics: items_per_s = tokens/s; gflops counts ``12 T h f`` flops per run (forward:
-2 GEMMs of ``2 T h f``; backward: 4 GEMMs of the same size). Metric ``comm_share``:
+2 GEMMs of ``2 T h f``; backward: 4 GEMMs of the same size; `bench.models.flops`) over every
+rank, ``gflops_per_rank`` (gflops / ranks) in params. Metric ``comm_share``:
 the largest over ranks of (seconds in the block's MPI calls / run seconds).
 Params: settings, per rank and run the nominal ring bytes sent and comm share,
 and peak memory per rank in MB (1e6 bytes), an estimate: parameter, gradient and
@@ -46,6 +47,7 @@ import math
 import numpy as np
 
 from bench.case import Case, Metrics
+from bench.models import flops
 from bench.families.layers import MeasuredState, count_wrong, per_rank_summary, run_forward_backward
 from bench.models.tp import TensorParallelModel
 from kernels.errors import InputError
@@ -108,10 +110,11 @@ class TensorParallel(Case):
     def metrics(self, state, seconds):
         model = state.model
         state.summary = per_rank_summary(state, getattr(model, "comm_seconds", 0.0), getattr(model, "bytes_sent", 0))
-        rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: math.nan)
-        flops = 12 * state.size * state.settings["hidden"] * state.settings["ffn"]
-        return Metrics(gflops=rate(flops) / 1e9, items_per_s=rate(state.size), metric="comm_share",
-                       metric_value=max(state.summary["comm_share_per_rank"]))
+        hidden = state.settings["hidden"]
+        gflops, state.summary["gflops_per_rank"] = flops.per_rank(
+            sum(flops.dense_stack(state.size, (hidden, state.settings["ffn"], hidden))), seconds, state.comm.size)
+        return Metrics(gflops=gflops, items_per_s=state.size / seconds if seconds > 0 else math.nan,
+                       metric="comm_share", metric_value=max(state.summary["comm_share_per_rank"]))
 
     def params(self, state):
         return dict(state.settings, **state.summary)

@@ -89,16 +89,18 @@ def threads(calib, ranks):
     return max(1, int(calib["cores"]) // max(ranks, 1))
 
 
-def _rate(calib, pair, ranks, busy=None):
-    """A ``[one thread, all cores]`` rate (or time) at the threads of one of ``ranks`` ranks, scaled by
-    ``busy / (the pair at the busy measurement's threads)`` when ``ranks`` share the node."""
+def _rate(calib, pair, ranks, busy=None, count=None):
+    """A ``[one thread, all cores]`` rate (or time) at ``count`` threads (default: those of one of ``ranks``
+    ranks; at most the cores), scaled by ``busy / (the pair at the busy measurement's threads)`` when ``ranks``
+    share the node."""
     one, every = pair
     cores = int(calib["cores"])
 
     def at(count):
         return one if cores == 1 else one + (every - one) * (count - 1) / (cores - 1)
     shared = _shared(calib, ranks)
-    return at(threads(calib, ranks)) * (busy / at(shared["threads"]) if shared and busy is not None else 1.0)
+    count = threads(calib, ranks) if count is None else min(max(count, 1), cores)
+    return at(count) * (busy / at(shared["threads"]) if shared and busy is not None else 1.0)
 
 
 def _at_dtype(calib, table):
@@ -117,6 +119,16 @@ def gemm(calib, m, n, k, ranks):
     rates = [[size, _rate(calib, [table[0][i], table[-1][i]], ranks, busy[i])]
              for i, size in enumerate(calib["gemm_sizes"])]
     return 2 * m * n * k / interpolate(rates, min(side, calib["gemm_sizes"][-1]))  # no slope beyond the table
+
+
+def gemm_peak(calib, ranks, count=None):
+    """Flop/s of the largest calibrated GEMM at the point's dtype on one of ``ranks`` ranks with ``count``
+    BLAS threads (default: the harness's share of the cores), scaled by the calibrated cost of sharing the node
+    (``busy``) on two or more ranks: the peak a rank's compute is measured against."""
+    table = _at_dtype(calib, calib["gemm"])
+    shared = _shared(calib, ranks)
+    return _rate(calib, [table[0][-1], table[-1][-1]], ranks,
+                 _at_dtype(calib, shared["gemm"])[-1] if shared else None, count)
 
 
 def suite_rate(calib, suite, variant, ranks):

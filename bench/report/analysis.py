@@ -7,7 +7,7 @@ JSON document (`bench.report.output`): plain numbers, no formatting.
 from collections import defaultdict
 
 from bench.report.scaling import COMMUNICATION, GROUP, reference_variant, unstable
-from bench.report.tables import batch_size_tables, communication_tables, model_state_tables
+from bench.report.tables import batch_size_tables, communication_tables, compute_rate_tables, model_state_tables
 
 #: Most sizes a digest shows (the smallest, the largest and evenly spread ones between).
 DIGEST_SIZES = 6
@@ -25,7 +25,8 @@ def analyse(table, fits, projected, rows, suites):
     Keys: ``suite``, ``kind``, ``reference``, ``size_unit``, ``digest`` (a list of
     `digest` tables), ``superlinear``, ``points`` (the entries), ``fits``,
     ``projection``, ``batch_size`` (`bench.report.tables.batch_size_tables`), ``model_state``
-    (`bench.report.tables.model_state_tables`) and,
+    (`bench.report.tables.model_state_tables`), ``compute_rate`` (`bench.report.tables.compute_rate_tables`:
+    empty without a calibration) and,
     for communication suites, ``communication``
     (`bench.report.tables.communication_tables`).
     """
@@ -38,7 +39,8 @@ def analyse(table, fits, projected, rows, suites):
                       points=entries, fits=[f for f in fits if f["suite"] == suite],
                       projection=[p for p in projected if p["suite"] == suite],
                       batch_size=batch_size_tables(entries, suites[suite]),
-                      model_state=model_state_tables(entries, suites[suite]))
+                      model_state=model_state_tables(entries, suites[suite]),
+                      compute_rate=compute_rate_tables(entries))
         if report["kind"] == COMMUNICATION:
             report["communication"] = communication_tables(entries)
         reports.append(report)

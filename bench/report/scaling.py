@@ -30,19 +30,23 @@ from collections import defaultdict
 
 from bench.csvio import read_rows, row_problem
 from bench.models import get_model
+from bench.models import terms
 from bench.models.base import MAX_PROJECTED_RANKS
 from bench.report.model import for_projection
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
-SCALING_COLUMNS = GROUP + ("size_unit", "ranks", "t_med_s", "spread", "stable", "speedup", "efficiency",
-                           "karp_flatt", "vs_ref", "predicted_s", "model_error", "algbw_gbs", "busbw_gbs", "metric",
-                           "metric_value", "accuracy", "wrong")
+SCALING_COLUMNS = GROUP + ("size_unit", "ranks", "threads", "t_med_s", "spread", "stable", "speedup", "efficiency",
+                           "karp_flatt", "vs_ref", "predicted_s", "model_error", "algbw_gbs", "busbw_gbs", "gflops",
+                           "gflops_per_rank", "gemm_peak_gflops", "peak_fraction", "metric", "metric_value", "accuracy",
+                           "wrong")
 FIT_COLUMNS = GROUP + ("rank_counts", "law", "serial_fraction", "unstable_points")
 PROJECTION_COLUMNS = GROUP + ("ranks", "predicted_s")
 COMMUNICATION, COMPUTE = "communication", "compute"
 #: The ``params`` entry shown as the suite's accuracy beside its own metric (``dp``).
 ACCURACY_PARAM = "test_accuracy"
+#: The ``params`` entry of a compute or training suite's achieved rate per computing rank (`bench.models.flops`).
+RATE_PARAM = "gflops_per_rank"
 
 
 def load_results(paths):
@@ -153,18 +157,35 @@ def scaling_table(rows, calib=None, suites=None):
             params = _params(row)
             predicted = _predict(suites[key[0]], key, ranks, calib, params)
             table.append(dict(
-                zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks, t_med_s=seconds,
+                zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks,
+                threads=int(row["threads"]), t_med_s=seconds,
                 t_min_s=float(row["t_min_s"]), t_max_s=float(row["t_max_s"]), spread=_number(row.get("spread")),
                 stable=_stable(row), ref_stable=_stable(ref) if ref is not None else None,
                 speedup=speedup, efficiency=(speedup / ranks if strong else base_time / seconds) if compute else None,
                 karp_flatt=_karp_flatt(speedup, ranks) if compute and strong and base_ranks == 1 else None,
                 vs_ref=float(ref["t_med_s"]) / seconds if ref is not None else None, predicted_s=predicted,
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
-                algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]), metric=row["metric"],
+                algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
+                **compute_rate(row, params, calib), metric=row["metric"],
                 metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),
                 wrong=row["wrong"], params=params,
             ))
     return table
+
+
+def compute_rate(row, params, calib):
+    """``gflops`` (the row's: every rank), ``gflops_per_rank`` (`RATE_PARAM`, recorded by the compute and training
+    suites), and with a calibration ``gemm_peak_gflops``, the calibrated rate of its largest GEMM at the row's dtype,
+    BLAS threads and ranks per node (`bench.models.terms.gemm_peak`: the ``busy`` rate on 2+ ranks of a node), and
+    ``peak_fraction`` = gflops_per_rank / that peak; None where unknown."""
+    value = params.get(RATE_PARAM)
+    per_rank = _number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    peak = None
+    if calib is not None and per_rank is not None:
+        on_node = -(-int(row["ranks"]) // max(int(_number(row.get("nodes")) or 1), 1))  # ranks sharing a node
+        peak = terms.gemm_peak(dict(calib, point_dtype=row["dtype"]), on_node, int(row["threads"])) / 1e9
+    return dict(gflops=_number(row.get("gflops")), gflops_per_rank=per_rank, gemm_peak_gflops=peak,
+                peak_fraction=per_rank / peak if peak else None)
 
 
 def reference_variant(suite, rows, suites, backend="numpy"):

@@ -82,6 +82,10 @@ def _digest(report):
     if report["batch_size"]:
         lines.append(f"- {len(report['batch_size'])} batch-size table(s) (time per epoch, peak memory): "
                      "see the details")
+    fractions = [r["peak_fraction"] for table in report.get("compute_rate", []) for r in table["rows"]]
+    if fractions:
+        lines.append(f"- GFLOP/s per rank: {min(fractions):.2f}-{max(fractions):.2f} of the calibrated GEMM peak "
+                     "(see the details)")
     if lines[-1] != "":
         lines.append("")
     for table in report["digest"]:
@@ -183,7 +187,24 @@ def _compute(report):
                   f"{_suffix(s, report['suite'])}: efficiency {_mark(format(s['efficiency'], '.2f'), unstable(s))}; "
                   f"why it may be: {s['reason']}" for s in report["superlinear"]]
         lines += [""] + _legend(any(map(unstable, report["superlinear"])))
-    return lines + _batch_sizes(report) + _model_states(report)
+    return lines + _batch_sizes(report) + _model_states(report) + _compute_rates(report)
+
+
+def _compute_rates(report):
+    """Per group: GFLOP/s per computing rank against the calibrated GEMM peak of its dtype, threads and node sharing."""
+    lines = []
+    for table in report.get("compute_rate", []):
+        lines += [f"### GFLOP/s per rank, fraction of the calibrated GEMM peak{_suffix(table['group'], report['suite'])}",
+                  "", f"| variant | scaling | size ({report['size_unit']}) | ranks | threads | GFLOP/s | "
+                  "GFLOP/s per rank | GEMM peak (GFLOP/s) | fraction of peak |", "|---" * 9 + "|"]
+        lines += [f"| {r['variant']} | {r['scaling']} | {format_size(r['size'])} | {r['ranks']} | {r['threads']} | "
+                  f"{_mark(_cell(r['gflops'], '{:.3g}'), unstable(r))} | "
+                  f"{_mark(_cell(r['gflops_per_rank'], '{:.3g}'), unstable(r))} | {r['gemm_peak_gflops']:.3g} | "
+                  f"{_mark(format(r['peak_fraction'], '.2f'), unstable(r))} |" for r in table["rows"]]
+        lines += ["", "Peak: the calibration's largest GEMM at the point's dtype and BLAS threads (its `busy` rate "
+                  "when 2+ ranks share a node); per rank: over the ranks that compute.", ""]
+        lines += _legend(any(map(unstable, table["rows"])))
+    return lines
 
 
 def _scaling(report, points, suffix):

@@ -1,5 +1,5 @@
 """The tables a suite's kind calls for: bus bandwidth and latency (communication), batch size and model state
-(training).
+(training), the compute rate per rank against the calibrated GEMM peak (compute and training).
 
 Both take entries of `bench.report.scaling.scaling_table` and return plain
 numbers; `bench.report.summary` formats them, `bench.report.output` writes them
@@ -14,6 +14,11 @@ COMMUNICATION_GROUP = ("benchmark", "backend", "dtype", "scaling", "settings")
 BATCH_GROUP = ("backend", "dtype", "variant", "scaling", "settings")
 #: Columns that, with model and rank count, make one model-state table (its variants side by side).
 STATE_GROUP = ("backend", "dtype", "scaling", "settings")
+#: Columns that make one compute-rate table (variant, scaling, size and rank count are its rows).
+RATE_GROUP = ("benchmark", "backend", "dtype", "settings")
+#: What a compute-rate table keeps of each point.
+RATE_FIELDS = ("variant", "scaling", "ranks", "threads", "gflops", "gflops_per_rank", "gemm_peak_gflops",
+               "peak_fraction", "stable")
 #: The metric a latency test records (one-way latency in microseconds).
 LATENCY_METRIC = "latency_us"
 #: What a communication table keeps of each point (`bench.report.scaling.scaling_table`'s entries).
@@ -56,6 +61,25 @@ def communication_tables(entries):
                      if e["metric"] == LATENCY_METRIC and e["metric_value"] is not None],
         ))
     return tables
+
+
+def compute_rate_tables(entries):
+    """GFLOP/s per computing rank and its fraction of the calibrated GEMM peak at the point's dtype, threads and
+    ranks per node, per `RATE_GROUP`: how near the machine's limit a suite's compute runs (a slow step makes
+    communication look cheap).
+
+    For the points that record ``gflops_per_rank`` and were reported with a calibration (``peak_fraction``
+    known: `bench.report.scaling.compute_rate`). Returns one dict per table: ``group`` and ``rows`` (size and
+    `RATE_FIELDS`), by variant, scaling, size and rank count.
+    """
+    groups = defaultdict(list)
+    for entry in entries:
+        if entry.get("peak_fraction") is not None:
+            groups[tuple(entry[c] for c in RATE_GROUP)].append(entry)
+    return [dict(group=dict(zip(RATE_GROUP, key)),
+                 rows=[dict(size=int(e["size"]), **{c: e[c] for c in RATE_FIELDS})
+                       for e in sorted(members, key=lambda e: (e["variant"], e["scaling"], int(e["size"]), e["ranks"]))])
+            for key, members in groups.items()]
 
 
 def batch_size_tables(entries, model):

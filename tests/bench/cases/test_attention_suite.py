@@ -8,6 +8,7 @@ from mpi4py import MPI
 from bench.cases.attention import Attention, draw_tokens
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from tests.bench.flops_rows import assert_rates
 from tests.clitools import mlscale, rows_of
 
 SUITE = "bench.cases.attention:Attention"
@@ -31,6 +32,7 @@ def test_causal_forward_and_backward_sweep(tmp_path):
         assert row["metric"] == "imbalance" and float(row["metric_value"]) >= 1.0
         assert float(row["items_per_s"]) > 0 and len(params["compute_s_per_rank"]) == int(row["ranks"])
         assert params["computing_ranks"] == (1 if row["variant"] == "full" else int(row["ranks"]))
+        assert_rates(row, (4 + 10) * 37 * 37 * 2 * 8 / 2, params["computing_ranks"])  # causal: half the scores
         if row["ranks"] == "2" and row["variant"] != "full":
             assert min(params["bytes_sent_per_rank"]) > 0
 

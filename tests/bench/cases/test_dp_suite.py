@@ -5,11 +5,12 @@ import re
 import numpy as np
 import pytest
 
-from bench.models.dp import ZERO2_BUCKET_BYTES, model_state_bytes, read_settings
+from bench.models.dp import ZERO2_BUCKET_BYTES, mlp_widths, model_state_bytes, read_settings
 from bench.registry import case_class
 from bench.report.output import write_report
 from bench.settings import resolve
 from kernels.errors import InputError
+from tests.bench.flops_rows import assert_rates, dense_flops
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of
 
@@ -54,6 +55,7 @@ def test_sweep_trains_checks_and_records_settings(tmp_path):
         assert p["samples_per_epoch"] == 1438 and p["epochs"] == p["steps"] * 13 / 1438
         assert (p["optimizer"], p["compute"], p["lr"], p["momentum"]) == ("sgd", "full", 0.01, 0.9)
         assert p["skipped_steps"] == 0 and p["loss_scale"] is None
+        assert_rates(row, dense_flops(13, mlp_widths(64)), int(row["ranks"]))
 
 
 def test_adam_in_mixed_precision_checks_against_float32_and_records_the_loss_scale(tmp_path):

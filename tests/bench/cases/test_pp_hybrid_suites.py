@@ -7,6 +7,7 @@ from kernels.errors import InputError
 from parallel.pipeline.timeline import Timeline
 from parallel.pipeline.schedule import bubble_fraction, idle_fraction
 from tests.clitools import mlscale as run_mlscale
+from tests.bench.flops_rows import assert_rates, dense_flops
 from tests.clitools import rows_of as csv_rows
 
 PP, HYBRID = "bench.cases.pp:PipelineSuite", "bench.cases.hybrid:Hybrid"
@@ -57,6 +58,7 @@ def test_pp_sweep_checks_both_schedules_and_records_the_timeline(tmp_path):
         assert params["stage_imbalance"] >= 0
         # Replayed with free messages, one stage has no bubble at all.
         assert 0 <= params["replayed_bubble"] < 1 and (ranks > 1 or params["replayed_bubble"] == 0)
+        assert_rates(row, dense_flops(12, [24] * 4), ranks)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -158,6 +160,7 @@ def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
     for row in rows:
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) < 1
         assert len(row["params"]["tensor_s"]) == int(row["ranks"]) and float(row["items_per_s"]) > 0
+        assert_rates(row, row["params"]["blocks"] * dense_flops(8, (12, 10, 12)), int(row["ranks"]))
 
 
 def test_hybrid_impossible_grids_are_one_line_errors_with_status_2(tmp_path):

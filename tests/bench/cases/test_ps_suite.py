@@ -7,6 +7,8 @@ import pytest
 from bench.cases.ps import ParameterServerSuite
 from kernels.backend import get_backend
 from kernels.errors import InputError
+from bench.models.dp import mlp_widths
+from tests.bench.flops_rows import assert_rates, dense_flops
 from tests.clitools import mlscale, rows_of
 
 SUITE = "bench.cases.ps:ParameterServerSuite"
@@ -30,6 +32,7 @@ def test_sweep_of_every_mode_is_valid(tmp_path):
         assert params["bound"] == {"sync": 0, "ssp": 1, "async": None}[row["variant"]]
         if row["variant"] == "ssp":
             assert params["max_staleness"] <= 1
+        assert_rates(row, dense_flops(7, mlp_widths(784)), params["workers"])  # the servers compute no gradient
     assert "skipped sync on 1 ranks" in out
 
 

@@ -1,6 +1,7 @@
 """Suites ``tp`` and ``moe`` end to end through the command line, with tiny layers."""
 import json
 
+from tests.bench.flops_rows import assert_rates, dense_flops
 from tests.clitools import mlscale as run_mlscale
 from tests.clitools import rows_of
 
@@ -31,7 +32,8 @@ def test_tp_sweep_checks_every_variant_and_skips_serial_on_two_ranks(tmp_path):
         assert (params["hidden"], params["ffn"], params["collectives"]) == (8, 7, "ring")
         assert json.loads(row["settings"])["MLSCALE_TP_COLLECTIVES"] == "ring" and len(params["peak_mem_mb_per_rank"]) == ranks
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) <= 1
-        assert float(row["items_per_s"]) > 0 and float(row["gflops"]) > 0
+        assert float(row["items_per_s"]) > 0
+        assert_rates(row, dense_flops(5, (8, 7, 8)), ranks)
 
 
 def test_moe_run_with_drops_checks_and_records_routing(tmp_path):
@@ -50,6 +52,8 @@ def test_moe_run_with_drops_checks_and_records_routing(tmp_path):
         assert params["capacity_per_rank"] == [-(-params["top_k"] * n // 8) for n in (7, 6)]
         assert params["load_imbalance"] >= 1 and params["aux_loss"] > 0
         assert min(params["bytes_sent_per_rank"]) > 0 and len(params["peak_mem_mb_per_rank"]) == 2
+        kept = params["top_k"] * 13 - params["dropped"]  # expert rows computed, and the gate's 13 x 6 x 4 GEMMs
+        assert_rates(row, dense_flops(kept, (6, 5, 6)) + dense_flops(13, (6, 4)), 2)
 
 
 def test_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
