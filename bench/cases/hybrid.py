@@ -14,8 +14,9 @@ the name's order), each at least 2; ``grid`` reads the shape from the setting
 (the sweep skips it when the variants were not named).
 
 Settings (`bench.models.hybrid.SETTINGS`): the grid of variant ``grid``, block widths and count
-(``blocks >= pp``, ``ffn >= tp``), micro-batches per replica and step, and the
-pipeline schedule.
+(``blocks >= pp``, ``ffn >= tp``), micro-batches per replica and step, the
+pipeline schedule, and the algorithm of the tp blocks' allreduce (``HYBRID_COLLECTIVES``: MPI's or a
+hand-written family of `parallel.tensor.exchange`).
 
 Recorded: items_per_s (samples per second); gflops, the serial model's forward and backward on the
 batch (`bench.models.flops`) per second over every rank, and ``gflops_per_rank`` in params; metric
@@ -87,8 +88,9 @@ class Hybrid(Case):
     def __init__(self, settings=None):
         super().__init__(settings)
         model = self.model
-        self.grid, self.hidden, self.ffn, self.blocks, self.micro_batches, self.schedule = (
-            model.grid, model.hidden, model.ffn, model.blocks, model.micro_batches, model.schedule)
+        self.grid, self.hidden, self.ffn, self.blocks, self.micro_batches, self.schedule, self.collectives = (
+            model.grid, model.hidden, model.ffn, model.blocks, model.micro_batches, model.schedule,
+            model.collectives)
 
     def iterations(self, size):
         return 5, 1
@@ -99,7 +101,7 @@ class Hybrid(Case):
     def setup(self, comm, size, variant, backend, dtype):
         dp, tp, pp = grid_for(variant, comm.size, self.grid)
         trainer = HybridTrainer(backend.comm(comm), dp, tp, pp, self.hidden, self.ffn, self.blocks,
-                                self.micro_batches, self.schedule, SEED, dtype, backend)
+                                self.micro_batches, self.schedule, SEED, dtype, backend, self.collectives)
         trainer.check_batch(size)
         optimizer = SGD(trainer.parameters(), lr=LEARNING_RATE)
         data = tuple(backend.from_host(part) for part in synthetic_batch(size, self.hidden, self.hidden, dtype))

@@ -11,6 +11,7 @@ from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.hybrid import AXES, check_grid
 from parallel.pipeline.schedule import SCHEDULES
+from parallel.tensor.exchange import FAMILIES, TENSOR_COLLECTIVES
 
 
 GRID_PATTERN = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
@@ -36,6 +37,8 @@ SETTINGS = (
     Setting("HYBRID_BLOCKS", integer, 4, 1, "MLP blocks (>= pp)"),
     Setting("HYBRID_MICROBATCHES", integer, 4, 1, "micro-batches per replica and step"),
     Setting("HYBRID_SCHEDULE", choice, "1f1b", SCHEDULES, "pipeline schedule"),
+    Setting("HYBRID_COLLECTIVES", choice, "mpi", TENSOR_COLLECTIVES,
+            "the tp blocks' allreduce: MPI's, or hand-written: ring; recursive (Rabenseifner); auto"),
 )
 
 
@@ -62,16 +65,16 @@ class HybridModel(Model):
 
     def __init__(self, settings=None):
         super().__init__(settings)
-        (self.grid, self.hidden, self.ffn, self.blocks, self.micro_batches,
-         self.schedule) = (self.settings[s.name] for s in SETTINGS)
+        (self.grid, self.hidden, self.ffn, self.blocks, self.micro_batches, self.schedule,
+         self.collectives) = (self.settings[s.name] for s in SETTINGS)
 
     def check_ranks(self, ranks, variant):
         check_grid(ranks, *grid_for(variant, ranks, self.grid), self.hidden, self.ffn, self.blocks)
 
     def predict(self, variant, size, ranks, calib):
         """A (dp, tp, pp) step: per micro-batch of ceil(n / dp) / m samples a stage runs its ceil(blocks / pp)
-        blocks (six GEMMs of the ffn / tp shard, `terms.dense_layers`, and two tensor ``Allreduce`` of
-        the block's activations); `terms.pipeline` over the stages; then the gradient allreduce over dp
+        blocks (six GEMMs of the ffn / tp shard, `terms.dense_layers`, and two tensor allreduces of
+        the block's activations: MPI's or the algorithm ``HYBRID_COLLECTIVES`` names); `terms.pipeline` over the stages; then the gradient allreduce over dp
         and the SGD update."""
         try:
             self.check_ranks(ranks, variant)
@@ -82,7 +85,8 @@ class HybridModel(Model):
         rows = math.ceil(math.ceil(size / dp) / m)
         blocks = math.ceil(self.blocks / pp)
         forward, backward = terms.dense_layers(calib, (self.hidden, self.ffn, self.hidden), rows, ranks, split=tp)
-        tensor = 2 * terms.allreduce(calib, rows * self.hidden * item, tp) if tp > 1 else 0.0
+        algorithm = FAMILIES.get(self.collectives, ("mpi",))[0]
+        tensor = 2 * terms.allreduce(calib, rows * self.hidden * item, tp, algorithm) if tp > 1 else 0.0
         stage = blocks * (forward + backward + tensor)
         gradients = blocks * (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
         exchange = terms.allreduce(calib, gradients, dp) if dp > 1 else 0.0

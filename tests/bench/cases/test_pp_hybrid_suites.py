@@ -145,7 +145,8 @@ def test_pp_impossible_settings_are_one_line_errors_with_status_2(tmp_path):
 
 def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
     path = str(tmp_path / "hybrid.csv")
-    status, out, err = mlscale(dict(TINY_HYBRID, MLSCALE_HYBRID_GRID="2x1x2"), "sweep", HYBRID, "--np", "4",
+    status, out, err = mlscale(dict(TINY_HYBRID, MLSCALE_HYBRID_GRID="2x1x2", MLSCALE_HYBRID_COLLECTIVES="ring"),
+                               "sweep", HYBRID, "--np", "4",
                                "--ranks", "2,4", "--sizes", "8", "--iters", "1", "--warmup", "0", "--csv", path)
     assert status == 0, err
     assert "skipped dp_tp_pp on 4 ranks" in out
@@ -157,6 +158,7 @@ def test_hybrid_sweep_runs_every_grid_that_fits_and_checks_it(tmp_path):
                       ("4", "dp_tp", (2, 2, 1)), ("4", "dp_pp", (2, 1, 2)), ("4", "tp_pp", (1, 2, 2)),
                       ("4", "grid", (2, 1, 2))]
     assert {row["wrong"] for row in rows} == {"0"}
+    assert {json.loads(row["settings"])["MLSCALE_HYBRID_COLLECTIVES"] for row in rows} == {"ring"}  # the tp blocks' ring
     for row in rows:
         assert row["metric"] == "comm_share" and 0 <= float(row["metric_value"]) < 1
         assert len(row["params"]["tensor_s"]) == int(row["ranks"]) and float(row["items_per_s"]) > 0
