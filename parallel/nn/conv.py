@@ -12,7 +12,12 @@ The convolution works on chunks of images whose patch matrix has at most
 `CHUNK_ELEMENTS` entries, built in one reused workspace, so that the patches, the
 GEMM and the scatter of the input gradient stay in the core's cache; backward
 builds each chunk's patches again from the kept input (a strided copy, cheaper
-than keeping and re-reading the whole patch matrix from memory).
+than keeping and re-reading the whole patch matrix from memory). With one input
+channel (a network's first layer on grey images) the patches are the opposite
+case: ``kh * kw`` values per pixel in ``kh * kw`` strided copies of whole image
+rows, slower to rebuild than to re-read, so forward builds the whole batch's patch
+matrix once (a new array per forward, so a pipeline's micro-batches each keep
+their own) and backward reads it back.
 
 Every function computes with the array module of its inputs
 (`kernels.backend.array_module`), so images and weights on a device stay there
@@ -123,7 +128,7 @@ class Conv2d(Layer):
         fan_in = in_channels * self.kernel[0] * self.kernel[1]
         self._set_params(weight=he_normal(rng, (out_channels, in_channels) + self.kernel, fan_in, dtype),
                          bias=np.zeros(out_channels, dtype=dtype))
-        self._workspace = self._slab_space = None
+        self._workspace = self._slab_space = self._cols = None
 
     def _padded_input(self, x):
         """The input as a zero-padded NHWC array (the input's own memory when no copy is needed)."""
@@ -136,10 +141,13 @@ class Conv2d(Layer):
         return padded
 
     def _chunks(self):
-        """Image ranges of the chunks of the kept input, its output pixels per image and patch length."""
+        """Image ranges of the chunks of the kept input, its output pixels per image and patch length
+        (one chunk of the whole batch with one input channel: its patches are kept)."""
         n, height, width, channels = self._x.shape
         out_h, out_w = (output_size(size, k, self.stride) for size, k in zip((height, width), self.kernel))
         patch = self.kernel[0] * self.kernel[1] * channels
+        if channels == 1:
+            return [(0, n)], out_h * out_w, patch
         chunks = image_chunks(n, out_h * out_w * patch)
         self._reserve("_workspace", (chunks[0][1] - chunks[0][0]) * out_h * out_w * patch)
         return chunks, out_h * out_w, patch
@@ -153,13 +161,15 @@ class Conv2d(Layer):
     def _patches(self, start, stop, pixels, patch):
         """The patch matrix ``(rows, patch)`` of images ``[start, stop)`` of the kept input, in the workspace.
 
-        With one input channel the workspace holds its transpose (each kernel offset's
-        pixels contiguous: the copy runs along image rows, not ``kw``-long runs); the
-        GEMMs read either through BLAS's transpose flag.
+        With one input channel it is the whole batch's, built by forward and kept (``_cols``),
+        as the transpose of a C-ordered array (each kernel offset's pixels contiguous: the
+        copy runs along image rows, not ``kw``-long runs); the GEMMs read either through
+        BLAS's transpose flag.
         """
+        if self._x.shape[3] == 1:
+            return self._cols
         space = self._workspace[:(stop - start) * pixels * patch]
-        cols = space.reshape(patch, -1).T if self._x.shape[3] == 1 else space.reshape(-1, patch)
-        return im2col(self._x[start:stop], self.kernel, self.stride, out=cols)
+        return im2col(self._x[start:stop], self.kernel, self.stride, out=space.reshape(-1, patch))
 
     def forward(self, x):
         weight = self.params["weight"]
@@ -172,6 +182,9 @@ class Conv2d(Layer):
                              f">= kernel {self.kernel}, got {x.shape} and padding {pad}")
         self._x = self._padded_input(x)
         chunks, pixels, patch = self._chunks()
+        if x.shape[1] == 1:
+            self._cols = im2col(self._x, self.kernel, self.stride, out=xp.empty((patch, x.shape[0] * pixels),
+                                                                                self.dtype).T)
         out_h, out_w = (output_size(size, k, self.stride) for size, k in zip(self._x.shape[1:3], self.kernel))
         y = xp.empty((x.shape[0], out_h, out_w, weight.shape[0]), self.dtype)
         rows = y.reshape(-1, weight.shape[0])
