@@ -22,17 +22,32 @@ from kernels.errors import InputError
 
 BACKENDS = ("numpy", "cupy")
 
-#: Device array types and their array modules, registered by each device `Backend`.
-_DEVICE_MODULES = {}
 
 
 def array_module(*arrays):
-    """The array module (``numpy``, ``cupy``...) of the first device array in ``arrays``, else NumPy."""
+    """The array module (``numpy``, ``cupy``...) of the first device array in ``arrays``, else NumPy.
+
+    Known by the array's type alone, whatever backends exist: a CuPy array (its type's module is
+    ``cupy...``) gives ``cupy.get_array_module``'s answer; any other array gives its array-API
+    namespace (``__array_namespace__``); NumPy arrays, scalars and other objects give NumPy.
+    """
     for array in arrays:
-        for array_type, module in _DEVICE_MODULES.items():
-            if isinstance(array, array_type):
-                return module
+        module = _module_of(array)
+        if module is not np:
+            return module
     return np
+
+
+def _module_of(array):
+    array_type = type(array)
+    if array_type is np.ndarray:
+        return np
+    if array_type.__module__.partition(".")[0] == "cupy":
+        import cupy
+
+        return cupy.get_array_module(array)
+    namespace = getattr(array, "__array_namespace__", None)
+    return np if namespace is None else namespace()
 
 
 class Backend:
@@ -55,8 +70,6 @@ class Backend:
         self.device_buffers_to_mpi = device_buffers_to_mpi
         self._empty_pinned = empty_pinned
         self._staging = {}
-        if xp is not np:
-            _DEVICE_MODULES[xp.ndarray] = xp
 
     def comm(self, comm):
         """``comm`` itself on the host; a `kernels.comm.device.DeviceComm` for device buffers."""

@@ -89,3 +89,33 @@ def test_simulated_device_refuses_host_arrays_as_cupy_does():
         xp.zeros(3) + np.ones(3)
     with pytest.raises(TypeError, match="host array"):
         xp.exp(np.ones(3))
+
+
+def test_array_module_knows_arrays_by_their_type_alone(monkeypatch):
+    """No Backend needed: CuPy arrays by their type's module, others by ``__array_namespace__``, else NumPy."""
+    import sys
+    import types
+
+    from fake_device import FAKE_CUPY
+
+    cupy = types.SimpleNamespace(get_array_module=lambda *arrays: "cupy's answer")
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    cupy_array = type("ndarray", (), {"__module__": "cupy._core.core"})()
+    assert array_module(cupy_array) == "cupy's answer"
+    assert array_module(1.0, None, np.float32(2), [1.0], np.zeros(2), FAKE_CUPY.asarray([1.0])) is FAKE_CUPY
+    assert array_module(1.0, np.float64(1), "text", np.zeros((2, 2))) is np and array_module() is np
+
+
+def test_the_device_report_is_one_line(capsys):
+    """``python -m kernels.device_report``: the GPU, cuBLAS and NCCL in one line; or why not, exit status 2."""
+    from kernels.device_report import main
+
+    try:
+        main()
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        message = capsys.readouterr().err
+        assert message.startswith("device report: backend 'cupy'") and message.count("\n") == 1
+        return
+    report = capsys.readouterr().out
+    assert report.count("\n") == 1 and "cuBLAS ok" in report
