@@ -9,25 +9,89 @@ whose array module (`FakeCupy`) behaves, for what mlscale uses, as CuPy does:
   CuPy refuses implicit host-device transfers;
 - ``xp.asnumpy`` / ``array.get()`` move to the host and ``xp.asarray`` /
   ``array.set()`` move to the device, as in CuPy;
+- like CuPy's, its arrays' ``flags`` have no ``writeable``, and its module is
+  their array namespace (``__array_namespace__``: `kernels.backend.array_module`
+  knows them by their type alone);
+- the module counts what the device would do (``xp.counts``, a `collections.Counter`):
+  ``launches`` (ufuncs, functions, advanced indexing, element writes, conversions,
+  elementwise kernels) and ``host_reads`` (``get``, ``asnumpy``, ``float`` / ``int`` /
+  ``bool`` / ``item`` / ``tolist`` of a device array), so tests can bound them;
+- ``xp.ElementwiseKernel(in_params, out_params, operation, name)`` is one launch of
+  the NumPy twin named in `KERNEL_TWINS` (the CUDA source itself runs on a GPU only);
 - MPI is not CUDA-aware (``device_buffers_to_mpi`` False), so every buffer
-  goes through host staging (`kernels.comm.device`).
+  goes through host staging (`kernels.comm.device`); `fake_cuda_aware_backend`
+  declares it CUDA-aware instead, its communicators (`CudaAwareComm`) taking
+  device arrays only: a host buffer reaching MPI is a ``TypeError``, which proves
+  that nothing was converted to or staged in host memory.
 
 A suite that passes its checks on this backend and leaves its results as
 `DeviceArray` computes on the device with no silent host fallback; only a GPU
 can show that the code is also fast there (tests/gpu_check.sh).
 """
+import collections
+import importlib
 import types
 
 import numpy as np
+from mpi4py import MPI
 
 from kernels.backend import Backend
+
+#: The NumPy twin ("module:function") the simulated device runs for each elementwise kernel, by kernel name.
+KERNEL_TWINS = {"smo_gain": "svm.solver.pair_update:gain_on_host",
+                "smo_pair_update": "svm.solver.pair_update:update_on_host"}
 
 
 class DeviceArray(np.ndarray):
     """A NumPy array standing for a CuPy array in device memory."""
 
+    def __array_namespace__(self, api_version=None):
+        return FAKE_CUPY
+
+    @property
+    def flags(self):
+        """CuPy's flags: contiguity and ownership only (no ``writeable``)."""
+        flags = self.view(np.ndarray).flags
+        return types.SimpleNamespace(c_contiguous=flags.c_contiguous, f_contiguous=flags.f_contiguous,
+                                     owndata=flags.owndata)
+
+    @property
+    def data(self):
+        """Its memory, as CuPy's ``MemoryPointer``: ``ptr`` (here a host address standing for a device one)."""
+        return types.SimpleNamespace(ptr=self.view(np.ndarray).ctypes.data)
+
+    def __getitem__(self, key):
+        if _advanced(key):
+            _count("launches")
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        _count("launches")
+        super().__setitem__(key, value)
+
+    def __float__(self):
+        _count("host_reads")
+        return float(self.view(np.ndarray))
+
+    def __int__(self):
+        _count("host_reads")
+        return int(self.view(np.ndarray))
+
+    def __bool__(self):
+        _count("host_reads")
+        return bool(self.view(np.ndarray))
+
+    def item(self, *args):
+        _count("host_reads")
+        return self.view(np.ndarray).item(*args)
+
+    def tolist(self):
+        _count("host_reads")
+        return self.view(np.ndarray).tolist()
+
     def get(self, out=None):
         """Copy to the host (into ``out`` when given), as ``cupy.ndarray.get``."""
+        _count("host_reads")
         host = self.view(np.ndarray)
         if out is None:
             return host.copy()
@@ -40,6 +104,7 @@ class DeviceArray(np.ndarray):
         np.copyto(self.view(np.ndarray), host)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _count("launches")
         inputs = tuple(_unwrap(value) for value in inputs)
         outputs = kwargs.get("out")
         if outputs:
@@ -50,7 +115,18 @@ class DeviceArray(np.ndarray):
         return result
 
     def __array_function__(self, func, types, args, kwargs):
+        _count("launches")
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+
+
+def _count(what):
+    FAKE_CUPY.counts[what] += 1
+
+
+def _advanced(key):
+    """Whether indexing by ``key`` is advanced (a gather kernel on CuPy), not a view."""
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(item, (np.ndarray, list)) for item in keys)
 
 
 def _refuse_device(value):
@@ -97,6 +173,7 @@ class _FakeModule(types.ModuleType):
             return attribute
 
         def on_device(*args, **kwargs):
+            _count("launches")
             return _wrap(attribute(*_unwrap(args), **_unwrap(kwargs)))
 
         return on_device
@@ -122,7 +199,7 @@ class FakeCupy(_FakeModule):
     ndarray = DeviceArray
     __version__ = "0.0-simulated"
     cuda = types.SimpleNamespace(
-        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0, synchronize=lambda: None),
         Device=lambda: types.SimpleNamespace(id=0),
         runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"Simulated GPU"},
                                       runtimeGetVersion=lambda: 12040,
@@ -131,6 +208,19 @@ class FakeCupy(_FakeModule):
     def __init__(self):
         super().__init__("fake_cupy", np)
         self.pool = FakeMemoryPool()
+        self.counts = collections.Counter()
+
+    @staticmethod
+    def ElementwiseKernel(in_params, out_params, operation, name="kernel", **options):  # noqa: N802 (CuPy's name)
+        """An elementwise kernel: on the simulated device, one launch of its NumPy twin (`KERNEL_TWINS`)."""
+        module, function = KERNEL_TWINS[name].split(":")
+        twin = getattr(importlib.import_module(module), function)
+
+        def launch(*args):
+            _count("launches")
+            return _wrap(twin(*_unwrap(args)))
+
+        return launch
 
     def get_default_memory_pool(self):
         """The simulated pool (`FakeMemoryPool`), one per module, as CuPy's default pool."""
@@ -140,14 +230,17 @@ class FakeCupy(_FakeModule):
     def asarray(array, dtype=None):
         """Move to the device (a copy of host data, as ``cupy.asarray``)."""
         if isinstance(array, DeviceArray):
-            return array if dtype is None else array.astype(dtype, copy=False)
+            if dtype is None or np.dtype(dtype) == array.dtype:
+                return array
+            _count("launches")
+            return array.astype(dtype)
         return np.array(array, dtype=dtype).view(DeviceArray)
 
     array = asarray
 
     @staticmethod
     def asnumpy(array):
-        """Move to the host."""
+        """Move to the host (one read, counted by ``get``)."""
         return array.get() if isinstance(array, DeviceArray) else np.asarray(array)
 
     @staticmethod
@@ -156,6 +249,67 @@ class FakeCupy(_FakeModule):
         return np.ascontiguousarray(_unwrap(array), dtype=dtype).view(DeviceArray)
 
 
+#: The simulated device's array module (one, as ``cupy`` is one module).
+FAKE_CUPY = FakeCupy()
+
+
 def fake_device_backend():
     """A `Backend` named ``"cupy"`` on the simulated device, staging every MPI buffer."""
-    return Backend("cupy", FakeCupy(), device_buffers_to_mpi=False, empty_pinned=np.empty)
+    return Backend("cupy", FAKE_CUPY, device_buffers_to_mpi=False, empty_pinned=np.empty)
+
+
+class CudaAwareBackend(Backend):
+    """The simulated device with a CUDA-aware MPI: its communicators are `CudaAwareComm`."""
+
+    def comm(self, comm):
+        return super().comm(CudaAwareComm(comm))
+
+
+def fake_cuda_aware_backend():
+    """A `Backend` named ``"cupy"`` on the simulated device whose MPI takes device arrays (no staging)."""
+    return CudaAwareBackend("cupy", FAKE_CUPY, device_buffers_to_mpi=True, empty_pinned=np.empty)
+
+
+def _device_buffer(value):
+    """A buffer argument for MPI: a device array passed on (its "device pointer"), a host array refused."""
+    if isinstance(value, DeviceArray):
+        return value.view(np.ndarray)
+    if isinstance(value, (np.ndarray, memoryview, bytes, bytearray)):
+        raise TypeError(f"host buffer ({type(value).__name__}) given to the CUDA-aware MPI of the simulated device: "
+                        f"the data left the device")
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (np.ndarray, memoryview)):
+        return type(value)([_device_buffer(value[0]), *value[1:]])
+    return value
+
+
+def _takes_device_buffers(name):
+    def call(self, *args, **kwargs):
+        args = [_device_buffer(value) for value in args]
+        kwargs = {key: _device_buffer(value) for key, value in kwargs.items()}
+        return getattr(super(CudaAwareComm, self), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def _keeps_type(name):
+    def call(self, *args, **kwargs):
+        return CudaAwareComm(getattr(super(CudaAwareComm, self), name)(*args, **kwargs))
+
+    call.__name__ = name
+    return call
+
+
+class CudaAwareComm(MPI.Intracomm):
+    """An intracommunicator of a CUDA-aware MPI on the simulated device: every buffer call takes device
+    arrays only (a host buffer is a ``TypeError``); the communicators it splits off are ones too."""
+
+
+for _name in ("Send", "Ssend", "Isend", "Issend", "Recv", "Irecv", "Sendrecv", "Isendrecv", "Sendrecv_replace",
+              "Send_init", "Recv_init", "Bcast", "Ibcast", "Allreduce", "Iallreduce", "Reduce", "Ireduce",
+              "Allgather", "Iallgather", "Allgatherv", "Iallgatherv", "Alltoall", "Ialltoall", "Alltoallv",
+              "Ialltoallv", "Reduce_scatter", "Ireduce_scatter", "Reduce_scatter_block", "Gather", "Gatherv",
+              "Scatter", "Scatterv"):
+    setattr(CudaAwareComm, _name, _takes_device_buffers(_name))
+for _name in ("Split", "Split_type"):
+    setattr(CudaAwareComm, _name, _keeps_type(_name))

@@ -4,10 +4,12 @@ The collectives (`parallel.collectives.ring`, `parallel.collectives.power_of_two
 `parallel.collectives.tree`, `parallel.collectives.auto`) work on point-to-point messages for any rank count ``p``,
 any length (also below ``p``, and zero), 1-D contiguous buffers of integers or
 floating-point numbers (NumPy arrays or any buffer-protocol object, as mpi4py
-takes them; complex numbers for "sum" only); ``op`` "sum" or "max" (or
-``MPI.SUM`` / ``MPI.MAX``), reduced by NumPy ufuncs in place; messages are
-contiguous views, never copies. Each algorithm lays out its steps as a
-`parallel.collectives.schedule.Schedule`; `parallel.collectives.plans` checks the
+takes them; complex numbers for "sum" only), or 1-D device arrays (CuPy) for a
+CUDA-aware MPI, which never reach host memory (no buffer protocol, no host
+conversion: MPI takes them by ``__cuda_array_interface__``); ``op`` "sum" or "max"
+(or ``MPI.SUM`` / ``MPI.MAX``), reduced in place by the ufunc of the buffers'
+array module (``xp.add`` / ``xp.maximum``); messages are contiguous views, never
+copies. Each algorithm lays out its steps as a `parallel.collectives.schedule.Schedule`; `parallel.collectives.plans` checks the
 arguments and caches layouts and plans (persistent requests). A caller's misuse is a ``TypeError`` (not a
 buffer, unsupported type, mismatched types) or a ``ValueError`` (unknown op,
 shape, contiguity, length), as in mpi4py; these are library errors, not user
@@ -19,16 +21,18 @@ from itertools import accumulate
 import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distribution import block_offsets, block_range
 
-REDUCE_OPS = {"sum": np.add, "max": np.maximum}
+#: The ufunc of each reduction, by name in the buffers' array module.
+REDUCE_OPS = {"sum": "add", "max": "maximum"}
 MPI_OPS = ((MPI.SUM, "sum"), (MPI.MAX, "max"))
 #: NumPy dtype kinds the collectives reduce: signed and unsigned integers, floats, complex (sum only).
 SUPPORTED_KINDS = "iufc"
 
 
-def reduce_ufunc(op, dtype=None):
-    """Return the NumPy ufunc of the reduction ``op`` ("sum", "max", ``MPI.SUM`` or ``MPI.MAX``)."""
+def reduce_ufunc(op, dtype=None, xp=np):
+    """Return the ufunc of array module ``xp`` for the reduction ``op`` ("sum", "max", ``MPI.SUM`` or ``MPI.MAX``)."""
     if isinstance(op, MPI.Op):
         name = next((text for mpi_op, text in MPI_OPS if op == mpi_op), None)
     else:
@@ -37,12 +41,13 @@ def reduce_ufunc(op, dtype=None):
         raise ValueError(f"unknown reduction op {op!r}; choose one of: {', '.join(REDUCE_OPS)}, MPI.SUM, MPI.MAX")
     if name == "max" and dtype is not None and dtype.kind == "c":
         raise TypeError(f"op 'max' is not defined for {dtype}")
-    return REDUCE_OPS[name]
+    return getattr(xp, REDUCE_OPS[name])
 
 
 def buffer_array(name, buffer):
-    """``buffer`` as an ndarray sharing its memory (NumPy arrays as they are; any buffer-protocol object)."""
-    if isinstance(buffer, np.ndarray):
+    """``buffer`` as an ndarray sharing its memory (NumPy and device arrays as they are; any buffer-protocol
+    object as a NumPy array)."""
+    if isinstance(buffer, np.ndarray) or array_module(buffer) is not np:
         return buffer
     try:
         memoryview(buffer)
@@ -63,9 +68,17 @@ def operands(sendbuf, recvbuf):
                              + ("" if array.flags.c_contiguous else " (not contiguous)"))
     if source.dtype != recvbuf.dtype:
         raise TypeError(f"sendbuf is {source.dtype} but recvbuf is {recvbuf.dtype}")
-    if not recvbuf.flags.writeable:
+    if array_module(source) is not array_module(recvbuf):
+        raise TypeError(f"sendbuf is a {type(source).__name__} but recvbuf is a {type(recvbuf).__name__} "
+                        f"(both in host memory or both on the device)")
+    if not writeable(recvbuf):
         raise ValueError("recvbuf is read-only")
     return source
+
+
+def writeable(array):
+    """Whether ``array`` may be written (device arrays always: CuPy's flags have no ``writeable``)."""
+    return getattr(array.flags, "writeable", True)
 
 
 def _check_size(name, array, size, meaning):

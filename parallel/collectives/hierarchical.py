@@ -26,9 +26,9 @@ nodes.
 import atexit
 from collections import OrderedDict
 
-import numpy as np
 from mpi4py import MPI
 
+from kernels.backend import array_module
 from kernels.distribution import block_range
 from parallel.collectives.attributes import CommAttribute
 from parallel.collectives.auto import allreduce_auto
@@ -54,16 +54,16 @@ class _Nodes:
         self.aligned = len(set(comm.allgather(self.node.size))) == 1
         color = self.node.rank if self.aligned else 0 if self.node.rank == 0 else MPI.UNDEFINED
         self.across = comm.Split(color, comm.rank)
-        self.blocks = OrderedDict()       # (n, dtype) -> this rank's reduced block
+        self.blocks = OrderedDict()       # (n, dtype, xp) -> this rank's reduced block
 
-    def block(self, n, dtype):
-        """A scratch vector of this rank's node block of ``n`` items (the same object for the same shape, so
-        the collectives on it run from their plans)."""
-        key = (n, dtype)
+    def block(self, n, dtype, xp):
+        """A scratch vector of this rank's node block of ``n`` items in array module ``xp``'s memory (the same
+        object for the same shape, so the collectives on it run from their plans)."""
+        key = (n, dtype, xp)
         block = self.blocks.pop(key, None)
         if block is None:
             start, stop = block_range(n, self.node.size, self.node.rank)
-            block = np.empty(stop - start, dtype)
+            block = xp.empty(stop - start, dtype)
         self.blocks[key] = block
         while len(self.blocks) > BLOCKS_KEPT:
             self.blocks.popitem(last=False)
@@ -116,7 +116,7 @@ def allreduce_hierarchical(comm, sendbuf, recvbuf, op="sum"):
     elif nodes.aligned and nodes.node.size == 1:        # one rank per node
         allreduce_auto(comm, sendbuf, recvbuf, op)
     elif nodes.aligned:
-        block = nodes.block(n, source.dtype)
+        block = nodes.block(n, source.dtype, array_module(source))
         reduce_scatter_ring(nodes.node, recvbuf if sendbuf is MPI.IN_PLACE else sendbuf, block, op)
         allreduce_auto(nodes.across, MPI.IN_PLACE, block, op)
         allgather_ring(nodes.node, block, recvbuf)

@@ -3,12 +3,13 @@
 A `Collective` (one per algorithm) keeps two kinds of entries in one bounded cache:
 
 layout
-    keyed by (collective, communicator, length, dtype, in place, counts): the algorithm's
-    `Schedule` for this rank and the scratch vector it uses, reused by any buffers of
-    that shape (no schedule or scratch allocation per call);
+    keyed by (collective, communicator, length, dtype, in place, counts, array module): the
+    algorithm's `Schedule` for this rank and the scratch vector it uses (in the buffers'
+    memory), reused by any buffers of that shape (no schedule or scratch allocation per call);
 plan
-    keyed by (collective, communicator, sendbuf object, recvbuf object), NumPy arrays
-    only: the views of one pair of buffers, bound to persistent requests
+    keyed by (collective, communicator, sendbuf object, recvbuf object), arrays only
+    (NumPy or device arrays; not other buffer-protocol objects): the views of one pair of
+    buffers, bound to persistent requests
     (``Send_init`` / ``Recv_init``) the second time the same pair is passed (a point
     repeating the same call), so later calls only start and wait requests and reduce.
 
@@ -31,11 +32,11 @@ Not thread-safe: one thread calls the collectives, as the algorithms assume anyw
 import atexit
 from collections import OrderedDict
 
-import numpy as np
 from mpi4py import MPI
 
 from parallel.collectives.attributes import CommAttribute
-from parallel.collectives.base import buffer_array, operands, reduce_ufunc
+from kernels.backend import array_module
+from parallel.collectives.base import buffer_array, operands, reduce_ufunc, writeable
 from parallel.collectives.schedule import bind, free_requests, run_calls
 
 #: Entries (layouts and plans together) the cache holds at most.
@@ -96,9 +97,9 @@ def _release_before_finalize():
 
 
 class _Layout:
-    def __init__(self, schedule, dtype, comm):
+    def __init__(self, schedule, dtype, comm, xp):
         self.schedule, self.comm, self.used = schedule, comm, False
-        self.scratch = np.empty(schedule.scratch, dtype)
+        self.scratch = xp.empty(schedule.scratch, dtype)
 
     def release(self):
         """Nothing to free: the scratch vector goes with the last plan using it."""
@@ -127,7 +128,7 @@ class _Plan:
         Not detected: an assignment to ``strides`` (deprecated since NumPy 2.4).
         """
         return (comm and (op is self.op or op == self.op) and (counts is self.counts or counts == self.counts)
-                and recvbuf.ndim == 1 and recvbuf.dtype is self.recv_dtype and recvbuf.flags.writeable
+                and recvbuf.ndim == 1 and recvbuf.dtype is self.recv_dtype and writeable(recvbuf)
                 and (sendbuf is MPI.IN_PLACE or (sendbuf.ndim == 1 and sendbuf.dtype is self.send_dtype)))
 
     def run(self):
@@ -182,25 +183,26 @@ class Collective:
         return recvbuf
 
     def _first_call(self, key, comm, sendbuf, recvbuf, op, counts):
-        """Check everything, run on blocking messages, and keep a plan when the buffers are NumPy arrays."""
+        """Check everything, run on blocking messages, and keep a plan when the buffers are arrays (NumPy or device)."""
         send = sendbuf if sendbuf is MPI.IN_PLACE else buffer_array("sendbuf", sendbuf)
         recv = buffer_array("recvbuf", recvbuf)
         source = operands(send, recv)
-        ufunc = reduce_ufunc(op, source.dtype) if self.reduces else None
+        xp = array_module(recv)
+        ufunc = reduce_ufunc(op, source.dtype, xp) if self.reduces else None
         given = () if counts is None else (counts,)
         n = self.length(comm, source, recv, *given)
-        layout = self._layout(comm, n, recv.dtype, source is recv, given)
+        layout = self._layout(comm, n, recv.dtype, source is recv, given, xp)
         arrays = {"in": source, "out": recv, "tmp": layout.scratch}
         run_calls(bind(layout.schedule, comm, arrays, ufunc, False)[0])
         if send is sendbuf and recv is recvbuf:
             _store(key, _Plan(self, layout, comm, arrays, ufunc, op, sendbuf, recvbuf, counts), comm)
 
-    def _layout(self, comm, n, dtype, in_place, given):
-        key = (self, id(comm), n, dtype, in_place, given)
+    def _layout(self, comm, n, dtype, in_place, given, xp):
+        key = (self, id(comm), n, dtype, in_place, given, xp)
         layout = _CACHE.get(key)
         if layout is None:
             schedule = self.schedule(comm.rank, comm.size, n, dtype.itemsize, in_place, *given)
-            layout = _Layout(schedule, dtype, comm)
+            layout = _Layout(schedule, dtype, comm, xp)
             _store(key, layout, comm)
         else:
             layout.used = True

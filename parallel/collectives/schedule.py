@@ -9,11 +9,21 @@ calls, either blocking (``Sendrecv`` / ``Send`` / ``Recv``) or on persistent req
 (``Send_init`` / ``Recv_init``, each step started and waited request by request,
 which costs mpi4py less than ``Startall`` / ``Waitall`` on a list). Running a plan is
 then one loop over prepared calls: no argument checks, slicing or allocation per call.
+
+On device arrays (a CUDA-aware MPI takes them as they are) the reductions and copies are
+the array module's (``xp.add(a, b, out=)``, ``xp.copyto``), queued on the current stream,
+and a step whose ops are followed by more messages ends by synchronising that stream, so
+MPI never reads a block a kernel is still writing: the data never leaves the device. On a
+`parallel.collectives.nccl_wire.NcclWire` each step's messages are one NCCL group on that
+stream (stream-ordered: no step waits), and the last call synchronises the stream.
 """
 from functools import partial
 
 import numpy as np
 from mpi4py import MPI
+
+from kernels.backend import array_module
+from parallel.collectives.nccl_wire import NcclWire
 
 #: Tag of every message sent by the collectives, apart from the user's own traffic on ``comm``.
 COLLECTIVE_TAG = 0x6D6C
@@ -102,10 +112,10 @@ def bind(schedule, comm, arrays, ufunc, persistent):
     comm : MPI.Comm
     arrays : dict
         "in", "out" and "tmp" arrays (only those the schedule names are used).
-    ufunc : numpy.ufunc or None
-        The reduction of "reduce" ops (None for collectives that do not reduce).
+    ufunc : ufunc or None
+        The reduction of "reduce" ops, of the arrays' module (None for collectives that do not reduce).
     persistent : bool
-        True: messages on persistent requests (returned too, for `free_requests`);
+        True: messages on persistent requests (returned too, for `free_requests`; none on an NCCL wire);
         False: blocking ``Sendrecv`` (one message each way), ``Send`` / ``Recv`` (one
         way only, in turn), or ``Irecv`` / ``Isend`` and one ``Waitall`` (several
         messages both ways).
@@ -120,11 +130,19 @@ def bind(schedule, comm, arrays, ufunc, persistent):
         name, part = spec
         return arrays[name][part]
 
+    xp = array_module(*arrays.values())
+    synchronize = None if xp is np else _stream_synchronizer(xp)
+    last_message = max((index for index, (sends, recvs, _) in enumerate(schedule.steps) if sends or recvs),
+                       default=-1)
+    wire = isinstance(comm, NcclWire)
     calls, requests = [], []
-    for sends, recvs, ops in schedule.steps:
+    for index, (sends, recvs, ops) in enumerate(schedule.steps):
         sends = [(view(spec), peer) for spec, peer in sends]
         recvs = [(view(spec), peer) for spec, peer in recvs]
-        if persistent:
+        if wire:
+            if sends or recvs:
+                calls.append(partial(comm.exchange, sends, recvs))
+        elif persistent:
             posted = ([comm.Recv_init(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
                       + [comm.Send_init(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
             requests += posted
@@ -144,8 +162,18 @@ def bind(schedule, comm, arrays, ufunc, persistent):
                 calls.append(partial(ufunc, a, b, out) if ufunc is np.add else partial(ufunc, a, b, out=out))
             else:
                 source, target = specs
-                calls.append(partial(np.copyto, view(target), view(source)))
+                calls.append(partial(xp.copyto, view(target), view(source)))
+        if ops and synchronize is not None and index < last_message and not wire:
+            calls.append(synchronize)
+    if wire:
+        calls.append(comm.synchronize)
     return calls, requests
+
+
+def _stream_synchronizer(xp):
+    """A call waiting for the work queued on device module ``xp``'s current stream (the one current when called)."""
+    stream = xp.cuda.get_current_stream
+    return lambda: stream().synchronize()
 
 
 def _post_and_wait(comm, sends, recvs):

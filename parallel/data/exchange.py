@@ -5,7 +5,9 @@ Algorithms
     (`parallel.data.buckets`); else one of the hand-written blocking algorithms of
     `parallel.collectives.ALLREDUCE_ALGORITHMS`. On a device communicator those run
     on persistent requests, so the whole call is staged at once
-    (`kernels.backend.Backend.staged`).
+    (`kernels.backend.Backend.staged`; with a CUDA-aware MPI the device arrays go to MPI
+    as they are), or, named with ``+nccl`` (``"ring+nccl"``: GPUs only), with their
+    messages over NCCL's point-to-point wire (`parallel.collectives.nccl_wire`), never staged.
 Wire formats
     32-bit (the gradients themselves, reduced in place) or 16-bit
     (`parallel.data.gradient_wire.WireFormat`).
@@ -22,9 +24,12 @@ from kernels.comm import backend_of, raw_comm
 from kernels.comm.device import poll_all, wait_all
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.collectives.nccl_wire import NCCL_WIRE_ALGORITHMS, SUFFIX, nccl_wire, split_wire
 from parallel.data.gradient_wire import WireFormat
 
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
+#: The hand-written algorithms over NCCL's wire (device only, so not among the host's `ALLREDUCE_CHOICES`).
+NCCL_WIRE_CHOICES = tuple(name + SUFFIX for name in NCCL_WIRE_ALGORITHMS)
 
 
 class GradientExchange:
@@ -35,7 +40,9 @@ class GradientExchange:
     comm : MPI.Comm or DeviceComm
         All ranks; a device communicator for device gradients.
     allreduce : str
-        ``"mpi"`` or a key of `parallel.collectives.ALLREDUCE_ALGORITHMS`.
+        ``"mpi"``, a key of `parallel.collectives.ALLREDUCE_ALGORITHMS`, or one of
+        `parallel.collectives.nccl_wire.NCCL_WIRE_ALGORITHMS` with ``+nccl`` (device only;
+        collective: builds the NCCL communicator).
     precision : {"full", "float16", "bfloat16"}
         The wire format.
 
@@ -48,14 +55,19 @@ class GradientExchange:
     """
 
     def __init__(self, comm, allreduce, precision):
-        if allreduce not in ALLREDUCE_CHOICES:
-            raise InputError(f"unknown allreduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
+        if allreduce not in ALLREDUCE_CHOICES + NCCL_WIRE_CHOICES:
+            raise InputError(f"unknown allreduce {allreduce!r}; choose from "
+                             f"{', '.join(ALLREDUCE_CHOICES + NCCL_WIRE_CHOICES)}")
         mpi_comm, device = raw_comm(comm), backend_of(comm)  # device: None for a host communicator
         self.allreduce, self.nonblocking = allreduce, allreduce == "mpi"
         self._format = WireFormat(precision, self.nonblocking, device is not None and device.device_buffers_to_mpi)
         self._comm = comm
+        algorithm, over_nccl = split_wire(allreduce)
         if self.nonblocking:
             self._blocking = functools.partial(comm.Allreduce, MPI.IN_PLACE, op=self._format.op)
+        elif over_nccl:
+            self._blocking = functools.partial(ALLREDUCE_ALGORITHMS[algorithm], nccl_wire(mpi_comm, device, allreduce),
+                                               MPI.IN_PLACE)
         elif device is None:
             self._blocking = functools.partial(ALLREDUCE_ALGORITHMS[allreduce], comm, MPI.IN_PLACE)
         else:
