@@ -10,7 +10,11 @@ The solver runs on the array module of ``X`` (`kernels.backend.array_module`):
 with CuPy arrays the samples, ``alpha``, ``F``, the masks and the kernel-row
 cache stay in device memory, the working pair is chosen by ``argmax`` on the
 device, and each iteration reads back two small groups of scalars (`svm.solver.arrays.fetch`):
-the pair's indices and values the clipped step and the kernel cache need.
+``i`` with ``m`` and ``M``, then ``j`` with ``F_j`` and ``K_ij`` (the kernel cache is keyed on
+the host by them). ``y``, ``K_kk`` and ``alpha`` of the active samples are mirrored on the host
+(``alpha``'s mirror written with the values the device gets), so the pair's other values cost
+no transfer. The gain of every ``j`` and the update of ``F``, both alphas and both masks are one
+fused kernel each (`svm.solver.pair_update`): about a dozen launches per iteration.
 """
 import warnings
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from kernels.errors import InputError
 from svm.solver.arrays import fetch, to_host
 from svm.solver.gram import KernelRowCache, kernel_product
 from svm.solver.kkt import TAU, bias_from_parts, bias_parts, extremes, pair_step, snap, up_low  # noqa: F401 (re-exported for Dis-SMO and Cascade)
+from svm.solver.pair_update import fused_kernels
 
 DEFAULT_CACHE_BYTES = 200 * 10**6
 
@@ -99,14 +104,17 @@ class _Solver:
         self.F = y - kernel_product(kernel, X, X[support], (alpha * y)[support])
         self.diag = kernel.diagonal(X)
         self.cache = KernelRowCache(kernel, X, cache_bytes)
+        self.gain, self.fused_update = fused_kernels(xp)
         self.active = None
         self._load()
 
     def _load(self):
-        """Gather the working arrays of the active samples (views when all are active)."""
+        """Gather the working arrays of the active samples (views when all are active) and their host mirrors
+        (the arrays themselves on the host)."""
         where = slice(None) if self.active is None else self.active
         self.a, self.f = self.alpha[where], self.F[where]
         self.ya, self.qd = self.y[where], self.diag[where]
+        self.a_host, self.ya_host, self.qd_host = to_host(self.a), to_host(self.ya), to_host(self.qd)
         self.up, self.low = up_low(self.a, self.ya, self.C)
         self.work = self.xp.empty(len(self.a))
 
@@ -138,41 +146,37 @@ class _Solver:
 
         ``i`` maximises F over I_up; ``j`` maximises ``b^2 / a`` over ``j`` in I_low
         with ``b = m - F_j > 0`` and ``a = K_ii + K_jj - 2 K_ij`` (at least TAU).
-        Two host reads (`fetch`): ``i`` with ``m``, ``M`` and the values of ``i``;
-        ``j`` with its values and ``K_ij``.
+        Two host reads (`fetch`): ``i`` with ``m`` and ``M``; ``j`` with ``F_j`` and ``K_ij``
+        (the other values from the host mirrors).
         """
         xp, f = self.xp, self.f
         f_up = xp.where(self.up, f, -np.inf)
         i = xp.argmax(f_up)
-        f_low = xp.where(self.low, f, np.inf)
-        i, m, M, y_i, a_i, qd_i = fetch(xp, i, f_up[i], f_low.min(), self.ya[i], self.a[i], self.qd[i])
+        i, m, M = fetch(xp, i, f_up[i], xp.where(self.low, f, np.inf).min())
         if m - M < self.tol:  # m = F_i, or -inf when I_up is empty
             return None
         i = int(i)
         row_i = self.cache.row(self._global(i), self._candidates)
-        b = m - f_low
-        a = qd_i + self.qd - 2.0 * row_i
-        xp.maximum(a, TAU, out=a)
-        gain = xp.where(b > 0, b * b / a, -np.inf)
-        j = xp.argmax(gain)
-        j, y_j, a_j, f_j, qd_j, k_ij = fetch(xp, j, self.ya[j], self.a[j], f[j], self.qd[j], row_i[j])
-        return (i, y_i, a_i, m, qd_i), (int(j), y_j, a_j, f_j, qd_j), k_ij, row_i
+        qd_i = float(self.qd_host[i])
+        j = xp.argmax(self.gain(f, self.low, self.qd, row_i, m, qd_i))
+        j, f_j, k_ij = fetch(xp, j, f[j], row_i[j])
+        j = int(j)
+        pair_j = (j, float(self.ya_host[j]), float(self.a_host[j]), f_j, float(self.qd_host[j]))
+        return (i, float(self.ya_host[i]), float(self.a_host[i]), m, qd_i), pair_j, k_ij, row_i
 
     def update(self, pair_i, pair_j, k_ij, row_i):
         """Move ``alpha_i`` by ``y_i t`` and ``alpha_j`` by ``-y_j t`` with the clipped Newton step t.
 
         ``pair_i``, ``pair_j``: ``(index, y, alpha, F, K_kk)`` of each (host values, from `select`).
+        One fused launch (`svm.solver.pair_update`) updates ``F``, both alphas and both masks.
         """
         (i, y_i, a_i, f_i, qd_i), (j, y_j, a_j, f_j, qd_j) = pair_i, pair_j
         row_j = self.cache.row(self._global(j), self._candidates)
-        a, C = self.a, self.C
-        step, new_i, new_j = pair_step(C, y_i, y_j, a_i, a_j, f_i, f_j, qd_i + qd_j - 2.0 * k_ij)
-        a[i], a[j] = new_i, new_j
-        change = self.xp.subtract(row_i, row_j, out=self.work)
-        change *= step
-        self.f -= change
-        for k, y_k, a_k in ((i, y_i, new_i), (j, y_j, new_j)):
-            self.up[k], self.low[k] = up_low(a_k, y_k, C)
+        step, new_i, new_j = pair_step(self.C, y_i, y_j, a_i, a_j, f_i, f_j, qd_i + qd_j - 2.0 * k_ij)
+        self.fused_update(row_i, row_j, self.ya, step, i, j, new_i, new_j, self.C, self.work, self.f, self.a,
+                          self.up, self.low)
+        if self.a_host is not self.a:
+            self.a_host[i], self.a_host[j] = new_i, new_j
 
     def shrink(self, unshrunk):
         """Drop samples that cannot join a violating pair; unshrink once near the end.

@@ -78,3 +78,21 @@ def test_svc_on_the_device_keeps_its_model_there_and_predicts_as_on_the_host(dev
     for name in ("support_", "dual_coef_", "intercept_", "n_support_"):
         assert np.array_equal(device.to_host(getattr(fitted, name)), getattr(host, name)), name
     assert fitted.score(device.from_host(X), device.from_host(y)) == host.score(X, y)
+
+
+def test_an_smo_iteration_on_the_device_is_nine_launches_and_two_reads(device):
+    """Counted on the simulated device (`fake_device.FakeCupy.counts`) over iterations whose kernel rows are
+    cached: the selection's reductions, the fused gain and the fused update of the pair (25 launches before)."""
+    from svm.solver.smo import _Solver
+
+    X, y = problem(n=120)
+    xp = device.xp
+    solver = _Solver(xp.asarray(X), xp.asarray(y), make_kernel("rbf", X), 10.0, 1e-9, xp.zeros(120), 10**8, False)
+    counts = []
+    for _ in range(80):
+        misses, before = solver.cache.misses, dict(xp.counts)
+        solver.update(*solver.select())
+        if solver.cache.misses == misses:
+            counts.append((xp.counts["launches"] - before.get("launches", 0),
+                           xp.counts["host_reads"] - before.get("host_reads", 0)))
+    assert len(counts) > 20 and set(counts) == {(9, 2)}
