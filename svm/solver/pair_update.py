@@ -21,12 +21,12 @@ _GAIN = ("float64 f, bool low, float64 qd, float64 row, float64 m, float64 qd_i"
     gain = b > 0 ? b * b / a : -CUDART_INF;
     """, "smo_gain")
 
-_UPDATE = ("float64 row_i, float64 row_j, float64 y, float64 step, int64 i, int64 j, float64 new_i, "
+_UPDATE = ("float64 row_i, float64 row_j, float64 y, float64 step, int64 index_i, int64 index_j, float64 new_i, "
            "float64 new_j, float64 C", "float64 work, float64 f, float64 a, bool up, bool low", """
     work = (row_i - row_j) * step;
     f = f - work;
-    if (_ind.get() == i || _ind.get() == j) {
-        a = _ind.get() == i ? new_i : new_j;
+    if (_ind.get() == index_i || _ind.get() == index_j) {
+        a = _ind.get() == index_i ? new_i : new_j;
         up = y > 0 ? a < C : a > 0;
         low = y > 0 ? a > 0 : a < C;
     }
