@@ -69,11 +69,15 @@ def operands(sendbuf, recvbuf):
     if source.dtype != recvbuf.dtype:
         raise TypeError(f"sendbuf is {source.dtype} but recvbuf is {recvbuf.dtype}")
     if array_module(source) is not array_module(recvbuf):
-        raise TypeError(f"sendbuf is a {type(source).__name__} but recvbuf is a {type(recvbuf).__name__} "
+        raise TypeError(f"sendbuf is a {_type_name(source)} but recvbuf is a {_type_name(recvbuf)} "
                         f"(both in host memory or both on the device)")
     if not writeable(recvbuf):
         raise ValueError("recvbuf is read-only")
     return source
+
+
+def _type_name(array):
+    return f"{type(array).__module__.partition('.')[0]}.{type(array).__name__}"
 
 
 def writeable(array):
