@@ -19,10 +19,8 @@ whose array module (`FakeCupy`) behaves, for what mlscale uses, as CuPy does:
 - ``xp.ElementwiseKernel(in_params, out_params, operation, name)`` is one launch of
   the NumPy twin named in `KERNEL_TWINS` (the CUDA source itself runs on a GPU only);
 - MPI is not CUDA-aware (``device_buffers_to_mpi`` False), so every buffer
-  goes through host staging (`kernels.comm.device`); `fake_cuda_aware_backend`
-  declares it CUDA-aware instead, its communicators (`CudaAwareComm`) taking
-  device arrays only: a host buffer reaching MPI is a ``TypeError``, which proves
-  that nothing was converted to or staged in host memory.
+  goes through host staging (`kernels.comm.device`);
+  `fake_cuda_aware_mpi.fake_cuda_aware_backend` declares it CUDA-aware instead.
 
 A suite that passes its checks on this backend and leaves its results as
 `DeviceArray` computes on the device with no silent host fallback; only a GPU
@@ -33,7 +31,6 @@ import importlib
 import types
 
 import numpy as np
-from mpi4py import MPI
 
 from kernels.backend import Backend
 
@@ -256,60 +253,3 @@ FAKE_CUPY = FakeCupy()
 def fake_device_backend():
     """A `Backend` named ``"cupy"`` on the simulated device, staging every MPI buffer."""
     return Backend("cupy", FAKE_CUPY, device_buffers_to_mpi=False, empty_pinned=np.empty)
-
-
-class CudaAwareBackend(Backend):
-    """The simulated device with a CUDA-aware MPI: its communicators are `CudaAwareComm`."""
-
-    def comm(self, comm):
-        return super().comm(CudaAwareComm(comm))
-
-
-def fake_cuda_aware_backend():
-    """A `Backend` named ``"cupy"`` on the simulated device whose MPI takes device arrays (no staging)."""
-    return CudaAwareBackend("cupy", FAKE_CUPY, device_buffers_to_mpi=True, empty_pinned=np.empty)
-
-
-def _device_buffer(value):
-    """A buffer argument for MPI: a device array passed on (its "device pointer"), a host array refused."""
-    if isinstance(value, DeviceArray):
-        return value.view(np.ndarray)
-    if isinstance(value, (np.ndarray, memoryview, bytes, bytearray)):
-        raise TypeError(f"host buffer ({type(value).__name__}) given to the CUDA-aware MPI of the simulated device: "
-                        f"the data left the device")
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (np.ndarray, memoryview)):
-        return type(value)([_device_buffer(value[0]), *value[1:]])
-    return value
-
-
-def _takes_device_buffers(name):
-    def call(self, *args, **kwargs):
-        args = [_device_buffer(value) for value in args]
-        kwargs = {key: _device_buffer(value) for key, value in kwargs.items()}
-        return getattr(super(CudaAwareComm, self), name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
-
-
-def _keeps_type(name):
-    def call(self, *args, **kwargs):
-        return CudaAwareComm(getattr(super(CudaAwareComm, self), name)(*args, **kwargs))
-
-    call.__name__ = name
-    return call
-
-
-class CudaAwareComm(MPI.Intracomm):
-    """An intracommunicator of a CUDA-aware MPI on the simulated device: every buffer call takes device
-    arrays only (a host buffer is a ``TypeError``); the communicators it splits off are ones too."""
-
-
-for _name in ("Send", "Ssend", "Isend", "Issend", "Recv", "Irecv", "Sendrecv", "Isendrecv", "Sendrecv_replace",
-              "Send_init", "Recv_init", "Bcast", "Ibcast", "Allreduce", "Iallreduce", "Reduce", "Ireduce",
-              "Allgather", "Iallgather", "Allgatherv", "Iallgatherv", "Alltoall", "Ialltoall", "Alltoallv",
-              "Ialltoallv", "Reduce_scatter", "Ireduce_scatter", "Reduce_scatter_block", "Gather", "Gatherv",
-              "Scatter", "Scatterv"):
-    setattr(CudaAwareComm, _name, _takes_device_buffers(_name))
-for _name in ("Split", "Split_type"):
-    setattr(CudaAwareComm, _name, _keeps_type(_name))

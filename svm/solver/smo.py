@@ -10,11 +10,9 @@ The solver runs on the array module of ``X`` (`kernels.backend.array_module`):
 with CuPy arrays the samples, ``alpha``, ``F``, the masks and the kernel-row
 cache stay in device memory, the working pair is chosen by ``argmax`` on the
 device, and each iteration reads back two small groups of scalars (`svm.solver.arrays.fetch`):
-``i`` with ``m`` and ``M``, then ``j`` with ``F_j`` and ``K_ij`` (the kernel cache is keyed on
-the host by them). ``y``, ``K_kk`` and ``alpha`` of the active samples are mirrored on the host
-(``alpha``'s mirror written with the values the device gets), so the pair's other values cost
-no transfer. The gain of every ``j`` and the update of ``F``, both alphas and both masks are one
-fused kernel each (`svm.solver.pair_update`): about a dozen launches per iteration.
+``i`` with ``m`` and ``M``, then ``j`` with ``F_j`` and ``K_ij`` (the cache's keys); ``y``,
+``K_kk`` and ``alpha`` are mirrored on the host. The gain of every ``j`` and the update of ``F``,
+both alphas and both masks are one fused kernel each (`svm.solver.pair_update`).
 """
 import warnings
 from dataclasses import dataclass

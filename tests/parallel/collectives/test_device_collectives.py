@@ -1,6 +1,6 @@
 """The hand-written collectives (and dp's exchange) on device arrays, on the simulated GPU with a CUDA-aware MPI.
 
-Its MPI (`fake_device.CudaAwareComm`) takes device arrays only: a host buffer reaching it (a staged
+Its MPI (`fake_cuda_aware_mpi.CudaAwareComm`) takes device arrays only: a host buffer reaching it (a staged
 copy, ``np.asarray`` or a memoryview of a device array, host scratch) is a ``TypeError``. Every
 algorithm runs twice on the same buffers (the second call on persistent requests) and must give
 what it gives on NumPy buffers, which the other tests check against NumPy's references.
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from fake_device import DeviceArray, fake_cuda_aware_backend
+from fake_cuda_aware_mpi import fake_cuda_aware_backend
+from fake_device import DeviceArray
 from kernels.comm import raw_comm
 from kernels.distribution import block_range
 from parallel.collectives import ALLREDUCE_ALGORITHMS, release_plans
