@@ -17,7 +17,9 @@ serve every run of a point (the hand-written algorithms run them on persistent r
 second run). In place, the timed runs reduce what the previous run left, as nccl-tests' do; the check
 writes the input back and runs once more before it compares. Device buffers reach MPI and the hand-written algorithms
 through `kernels.backend.Backend.staged` (host staging, or device arrays given to a CUDA-aware MPI);
-``nccl`` (device only) is NCCL's own collective (`parallel.collectives.nccl`).
+``nccl`` (device only) is NCCL's own collective (`parallel.collectives.nccl`); a suite's ``wire_variants``
+(allreduce: ``ring+nccl``...) run the hand-written algorithm with its messages over NCCL's send / recv
+(`parallel.collectives.nccl_wire`), device buffers given straight to it.
 
 Metrics: algbw = size / time and busbw = algbw times nccl-tests' factor of the collective
 (`kernels.comm.traffic.BUS_FACTORS`).
@@ -32,6 +34,7 @@ from kernels.distribution import block_offsets, block_range
 from kernels.errors import InputError
 from parallel.collectives import release_plans
 from parallel.collectives.nccl import NcclCollective, unavailable_reason
+from parallel.collectives.nccl_wire import nccl_wire, split_wire
 
 SEED = 2026
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX}
@@ -71,6 +74,7 @@ class CollectiveState:
     root: int
     call: object = None  # call(send, recv) for MPI and the hand-written algorithms
     nccl: object = None
+    wire: object = None  # the NcclWire a hand-written algorithm's messages take (``ring+nccl``...)
 
 
 class CollectiveCase(Case):
@@ -145,14 +149,16 @@ class CollectiveCase(Case):
         elif variant == "mpi":
             state.call = lambda s, r: self.mpi(comm, s, r, state.op, root)
         else:
-            function = self.algorithms[variant]
-            state.call = lambda s, r: self.hand_written(function, comm, s, r, state.op, root)
+            algorithm, over_nccl = split_wire(variant)
+            function, state.wire = self.algorithms[algorithm], nccl_wire(comm, backend, variant) if over_nccl else None
+            target = state.wire or comm
+            state.call = lambda s, r: self.hand_written(function, target, s, r, state.op, root)
         return state
 
     def unavailable(self, comm, variant, backend):
         """As `Case.unavailable`; ``nccl`` on a device also needs NCCL in CuPy and one GPU per rank."""
         reason = super().unavailable(comm, variant, backend)
-        if reason is None and variant == "nccl":
+        if reason is None and (variant == "nccl" or split_wire(variant)[1]):
             return unavailable_reason(comm, backend.xp)
         return reason
 
@@ -160,6 +166,8 @@ class CollectiveCase(Case):
         if state.nccl is not None:  # device buffers straight to NCCL, never staged
             self.nccl_call(state.nccl, MPI.IN_PLACE if state.in_place else state.send, state.recv, state.op,
                            state.root)
+        elif state.wire is not None:  # device buffers straight to the algorithm, its messages over NCCL
+            state.call(MPI.IN_PLACE if state.in_place else state.send, state.recv)
         elif state.in_place:
             state.backend.staged(lambda recv: state.call(MPI.IN_PLACE, recv), state.recv)
         else:
@@ -184,8 +192,9 @@ class CollectiveCase(Case):
     def teardown(self, state):
         """Free the plans (persistent requests) kept for this point's buffers, and the NCCL communicator."""
         release_plans(state.comm)
-        if state.nccl is not None:
-            state.nccl.close()
+        for nccl in (state.nccl, state.wire):
+            if nccl is not None:
+                nccl.close()
 
 
 def own_block(comm, count):

@@ -4,6 +4,7 @@ import numpy as np
 from bench.models import terms
 from bench.models.collective import CollectiveModel
 from parallel.collectives import ALLREDUCE_ALGORITHMS
+from parallel.collectives.nccl_wire import NCCL_WIRE_CHOICES
 
 
 class AllreduceModel(CollectiveModel):
@@ -13,7 +14,9 @@ class AllreduceModel(CollectiveModel):
     name = "allreduce"
     algorithms = dict.fromkeys(ALLREDUCE_ALGORITHMS)
     reduces = True
-    device_only_variants = {"nccl": "NCCL sums device buffers only (--backend cupy)"}
+    wire_variants = NCCL_WIRE_CHOICES
+    device_only_variants = dict({"nccl": "NCCL sums device buffers only (--backend cupy)"}, **{
+        name: "its messages go over NCCL, between device buffers only (--backend cupy)" for name in NCCL_WIRE_CHOICES})
 
     def problem_size(self, size, ranks, scaling):
         """The vector every rank reduces: the same under weak scaling (each rank's share of the work)."""
@@ -22,7 +25,7 @@ class AllreduceModel(CollectiveModel):
     def predict(self, variant, size, ranks, calib):
         """`bench.models.terms.allreduce` of ``size`` bytes by ``variant`` on ``ranks`` ranks, plus the
         Python call of the run (one rank: a copy)."""
-        if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
+        if variant == "nccl" or variant in self.wire_variants:  # NCCL's transport: not calibrated
             return None
         return calib["overhead_s"] + terms.allreduce(calib, size, ranks, variant)
 

@@ -31,6 +31,8 @@ class CollectiveModel(Model):
     ``rooted`` and `library` (MPI's cost)."""
 
     algorithms = {}
+    #: Hand-written algorithms over NCCL's point-to-point wire (``ring+nccl``: device only, not modelled).
+    wire_variants = ()
     reduces = False
     rooted = False
     size_unit = "bytes"
@@ -39,7 +41,7 @@ class CollectiveModel(Model):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.variants = ("mpi",) + tuple(cls.algorithms) + ("nccl",)
+        cls.variants = ("mpi",) + tuple(cls.algorithms) + ("nccl",) + tuple(cls.wire_variants)
         cls.declared_settings = (IN_PLACE,) + ((OP,) if cls.reduces else ()) + ((ROOT,) if cls.rooted else ())
 
     def check_ranks(self, ranks, variant):
@@ -52,7 +54,7 @@ class CollectiveModel(Model):
         raise NotImplementedError
 
     def predict(self, variant, size, ranks, calib):
-        if variant == "nccl":  # NCCL's own choice of algorithm and transport: not modelled
+        if variant == "nccl" or variant in self.wire_variants:  # NCCL's transport: not calibrated
             return None
         if variant == "mpi":
             return self.library(calib, size, ranks)

@@ -23,6 +23,8 @@ from parallel.collectives.nccl import NcclCollective, unavailable_reason
 SUFFIX = "+nccl"
 #: The hand-written algorithms that run over NCCL (those on one communicator, as `Collective` runs them).
 NCCL_WIRE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "tree", "auto")
+#: Their names over NCCL (``"ring+nccl"``...): the allreduce suite's and dp's device-only choices.
+NCCL_WIRE_CHOICES = tuple(name + SUFFIX for name in NCCL_WIRE_ALGORITHMS)
 
 
 def split_wire(name):

@@ -24,12 +24,11 @@ from kernels.comm import backend_of, raw_comm
 from kernels.comm.device import poll_all, wait_all
 from kernels.errors import InputError
 from parallel.collectives import ALLREDUCE_ALGORITHMS
-from parallel.collectives.nccl_wire import NCCL_WIRE_ALGORITHMS, SUFFIX, nccl_wire, split_wire
+from parallel.collectives.nccl_wire import NCCL_WIRE_CHOICES, nccl_wire, split_wire
 from parallel.data.gradient_wire import WireFormat
 
+#: The host's choices (the hand-written algorithms over NCCL's wire, `NCCL_WIRE_CHOICES`, are device only).
 ALLREDUCE_CHOICES = ("mpi",) + tuple(ALLREDUCE_ALGORITHMS)
-#: The hand-written algorithms over NCCL's wire (device only, so not among the host's `ALLREDUCE_CHOICES`).
-NCCL_WIRE_CHOICES = tuple(name + SUFFIX for name in NCCL_WIRE_ALGORITHMS)
 
 
 class GradientExchange:

@@ -18,8 +18,8 @@ def mlscale_under_mpi(ranks, *args, **environment):
 def test_list_names_every_suite_and_variant():
     status, out, err = mlscale("list", file_size_limit=1 << 17)  # no MPI started: see the report test
     assert (status, err) == (0, "")
-    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, hierarchical, auto, nccl; "
-            "backends numpy, cupy") in out
+    assert ("allreduce: variants mpi, ring, recursive_doubling, rabenseifner, tree, hierarchical, auto, nccl, "
+            "ring+nccl, recursive_doubling+nccl, rabenseifner+nccl, tree+nccl, auto+nccl; backends numpy, cupy") in out
     assert "p2p: variants latency, bandwidth; backends numpy, cupy" in out
     first_lines = [line for line in out.splitlines() if not line.startswith(" ")]
     assert len(first_lines) == 19 and all(line.endswith("; backends numpy, cupy") for line in first_lines)

@@ -89,6 +89,27 @@ def test_dp_exchange_over_the_nccl_wire_sums_the_bucket(comm, wired):
     assert all_ranks(comm, np.array_equal(grads.get(), reference(comm.size, 1001, np.float32, "sum")))
 
 
+@pytest.mark.mpi(min_size=1)
+def test_the_allreduce_suites_wire_variants_run_and_check_on_the_device(comm, wired):
+    """``ring+nccl``... as the sweep runs them: set-up, runs, the check against NumPy, teardown; uneven counts,
+    in place too."""
+    from bench.registry import case_class, get_case
+    from bench.settings import resolve
+
+    for name, in_place in ((name, place) for name in NCCL_WIRE_ALGORITHMS for place in ("0", "1")):
+        case = get_case("allreduce", resolve(case_class("allreduce").declared_settings, (f"COLL_IN_PLACE={in_place}",),
+                                             {}, "allreduce"))
+        assert case.unavailable(comm, name + "+nccl", wired) is None and name + "+nccl" in case.variants
+        state = case.setup(comm, 8 * (comm.size * 3 + 1), name + "+nccl", wired, "float64")
+        try:
+            for _ in range(2):
+                case.run(state)
+            with combination(name, f"in_place={in_place}"):
+                assert all_ranks(comm, case.check(state) == 0)
+        finally:
+            case.teardown(state)
+
+
 def test_nccl_wire_is_refused_on_the_host_in_one_line():
     with pytest.raises(InputError, match=r"^allreduce 'ring\+nccl' sends over NCCL, on GPUs only: run it with "
                                          r"--backend cupy$"):
