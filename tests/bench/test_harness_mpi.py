@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from bench.calibrate import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, calibrate
-from bench.local_rates import FULL, QUICK
+from bench import calibrate as calibration
+from bench.calibrate import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan, calibrate
+from bench.local_rates import FULL, QUICK, RatesPlan
 from bench.provenance import mpi_library, placement
 from bench.report.model import KEYS
 from bench.faults import RankError, agree
@@ -98,10 +99,21 @@ def test_the_mpi_library_has_no_nul_byte(monkeypatch):
     assert mpi_library() == OPEN_MPI_VERSION[:-1]
 
 
+#: Smaller still than the quick plans (the test checks the tables' shapes, not their figures): both ends of
+#: each table, two sizes from 1 MiB on for the bandwidth slope, the suites' kernels on tiny inputs.
+TINY_MESSAGES = MessagePlan(sizes=(8, 1 << 20, 16 << 20), stream_sizes=(8, 4 << 20), rounds=1, calls=(2, 1))
+TINY_RATES = RatesPlan(gemm_sizes=(32, 64), local_sizes=(8, 1 << 10, 32 << 20), dp_rows=(16, 64),
+                       suite_points=(("conv", "forward", 16), ("conv", "forward_backward", 16),
+                                     ("attention", "full", 64)), rounds=1, least=0.0005)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, monkeypatch):
-    """A quick calibration: the full one (every size, three rounds) runs once, in test_cli."""
+    """A quick calibration on tiny plans: the full one (every size, three rounds) runs once, in test_cli."""
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
+    monkeypatch.setattr(calibration, "QUICK_MESSAGES", TINY_MESSAGES)
+    monkeypatch.setattr(calibration, "QUICK", TINY_RATES)
+    QUICK_MESSAGES, QUICK = TINY_MESSAGES, TINY_RATES  # what the tables below hold
     constants = calibrate(comm, quick=True)
     assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1] and constants["quick"] is True
     assert {"pingpong", "exchange", "stream", "allreduce", "one_thread"} <= set(constants["spread"])
