@@ -32,7 +32,8 @@ sweep: $(STAMP)
 	  --model $(RESULTS)/calib.json --project 64,256,1024
 
 # -rs: say why a test was skipped (the Slurm cluster test needs Slurm: .ci/run installs it). The serial
-# tests run on one pytest-xdist worker per core (the Slurm cluster's tests on one worker: --dist loadgroup).
+# tests run on one pytest-xdist worker per core (the Slurm cluster's tests on one worker: --dist loadgroup), each
+# process they start with one BLAS thread (a worker per core, as a rank per core: idle BLAS threads spin).
 # PYTHONDONTWRITEBYTECODE is emptied: the hundreds of Python processes the tests start (ranks, CLI runs)
 # read compiled modules instead of compiling the package again each. In the MPI rounds each rank's BLAS
 # gets cores / ranks threads (at least 1), as a sweep's ranks do: BLAS threads that outnumber the cores
@@ -49,8 +50,8 @@ test: $(STAMP)
 	if [ -n "$(filter 1,$(TEST_RANKS))" ]; then \
 	  n=1; OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(MPI_ROUND) > $$one 2>&1 & beside=$$!; \
 	fi; \
-	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs \
-	  -n $(NPROC) --dist loadgroup || status=1; \
+	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+	  $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs -n $(NPROC) --dist loadgroup || status=1; \
 	if [ -n "$${beside:-}" ]; then \
 	  wait $$beside || status=1; echo "== MPI tests on 1 ranks (beside the serial tests)"; cat $$one; \
 	fi; \
