@@ -221,19 +221,23 @@ def schedule(calib, steps, itemsize):
     """One rank's steps of a hand-written collective (a `parallel.collectives.schedule.Schedule`) on
     items of ``itemsize`` bytes: a step sending and receiving pays an `exchange` per pair of its
     messages (the larger of the two), a step one way a `message` each; its reductions and copies a
-    `reduction` or a `copy` of their bytes. The Python path of the call is the caller's (``call_s``)."""
+    `reduction` or a `copy` of their bytes, its early copies a `copy` behind the messages (the larger of
+    the two). The Python path of the call is the caller's (``call_s``)."""
     total = 0.0
     for sends, recvs, ops in steps.steps:
         sent, received = ([(part.stop - part.start) * itemsize for (_, part), _ in side] for side in (sends, recvs))
         if sent and received:
             pairs = max(len(sent), len(received))
             sent, received = sent + [0] * (pairs - len(sent)), received + [0] * (pairs - len(received))
-            total += sum(exchange(calib, max(a, b)) for a, b in zip(sent, received))
+            messages = sum(exchange(calib, max(a, b)) for a, b in zip(sent, received))
         else:
-            total += sum(message(calib, nbytes) for nbytes in sent + received)
+            messages = sum(message(calib, nbytes) for nbytes in sent + received)
+        local = {"early_copy": 0.0, "ops": 0.0}
         for kind, *views in ops:
             part = views[-1][1]
-            total += (reduction if kind == "reduce" else copy)(calib, (part.stop - part.start) * itemsize)
+            local["early_copy" if kind == "early_copy" else "ops"] += (reduction if kind == "reduce" else copy)(
+                calib, (part.stop - part.start) * itemsize)
+        total += max(messages, local["early_copy"]) + local["ops"]
     return total
 
 

@@ -32,16 +32,22 @@ def _reduce_scatter_steps(schedule, rank, p, slices, out, landing):
         outgoing = target
 
 
-def allgather_steps(schedule, rank, p, slices):
+def allgather_steps(schedule, rank, p, slices, first=None):
     """Append the ring allgather's ``p - 1`` steps: fill every block ``slices[r]`` of "out" from block
-    ``rank``, passing one block to the right neighbour while receiving one from the left.
+    ``rank``, passing one block to the right neighbour while receiving one from the left. ``first``: the
+    view the own block is sent from instead (out of place: "in"), copied into "out" while the first
+    step's messages are in flight (an early copy).
 
     Also the second half of the ring allreduce and of the scatter-allgather broadcast
     (`parallel.collectives.bcast.scatter_allgather`), which run it on virtual ranks.
     """
     left, right = (rank - 1) % p, (rank + 1) % p
     for step in range(p - 1):
-        schedule.exchange(("out", slices[(rank - step) % p]), right, ("out", slices[(rank - step - 1) % p]), left)
+        outgoing, incoming = ("out", slices[(rank - step) % p]), ("out", slices[(rank - step - 1) % p])
+        if step == 0 and first is not None:
+            schedule.step([(first, right)], [(incoming, left)], [("early_copy", first, outgoing)])
+        else:
+            schedule.exchange(outgoing, right, incoming, left)
 
 
 def ring_schedule(rank, p, n, itemsize=None, in_place=False):
@@ -91,10 +97,10 @@ def allgather_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
     `block_range`, or of ``counts`` items)."""
     slices = block_slices(n, p, counts)
     schedule = Schedule()
-    if n and not in_place:
-        schedule.copy(own_block(slices, rank, in_place), ("out", slices[rank]))
     if n and p > 1:
-        allgather_steps(schedule, rank, p, slices)
+        allgather_steps(schedule, rank, p, slices, None if in_place else own_block(slices, rank, in_place))
+    elif n and not in_place:
+        schedule.copy(own_block(slices, rank, in_place), ("out", slices[rank]))
     return schedule
 
 

@@ -38,8 +38,11 @@ class Schedule:
         Items of the "tmp" buffer the steps use (0: none), kept up to date by `step`.
     steps : list of (sends, recvs, ops)
         ``sends`` / ``recvs``: tuples of ``((buffer, slice), peer)``; ``ops``: tuples of
-        ``("reduce", a, b, out)`` (``out = a (op) b``) or ``("copy", source, target)``,
-        each view a ``(buffer, slice)`` pair. A step's ops run after its messages complete.
+        ``("reduce", a, b, out)`` (``out = a (op) b``), ``("copy", source, target)`` or
+        ``("early_copy", source, target)``, each view a ``(buffer, slice)`` pair. A step's ops run
+        after its messages complete, but its early copies while they are in flight (after the
+        messages are started, before they are waited for): an early copy writes no view the step's
+        messages touch and reads none it receives.
     """
 
     def __init__(self):
@@ -139,28 +142,33 @@ def bind(schedule, comm, arrays, ufunc, persistent):
     for index, (sends, recvs, ops) in enumerate(schedule.steps):
         sends = [(view(spec), peer) for spec, peer in sends]
         recvs = [(view(spec), peer) for spec, peer in recvs]
+        early = [partial(xp.copyto, view(specs[1]), view(specs[0])) for kind, *specs in ops if kind == "early_copy"]
         if wire:
+            calls += early
             if sends or recvs:
                 calls.append(partial(comm.exchange, sends, recvs))
-        elif persistent:
+        elif persistent:  # the early copies while the messages are in flight
             posted = ([comm.Recv_init(buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
                       + [comm.Send_init(buf, peer, COLLECTIVE_TAG) for buf, peer in sends])
             requests += posted
-            calls += [request.Start for request in posted] + [request.Wait for request in posted]
-        elif len(sends) == 1 and len(recvs) == 1:
-            (outgoing, dest), (incoming, source) = sends[0], recvs[0]
-            calls.append(partial(comm.Sendrecv, outgoing, dest, COLLECTIVE_TAG, incoming, source, COLLECTIVE_TAG))
-        elif sends and recvs:
-            calls.append(partial(_post_and_wait, comm, sends, recvs))
-        else:
-            calls += [partial(comm.Recv, buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
-            calls += [partial(comm.Send, buf, peer, COLLECTIVE_TAG) for buf, peer in sends]
+            calls += [request.Start for request in posted] + early + [request.Wait for request in posted]
+        else:  # blocking calls: the early copies first
+            calls += early
+            if len(sends) == 1 and len(recvs) == 1:
+                (outgoing, dest), (incoming, source) = sends[0], recvs[0]
+                calls.append(partial(comm.Sendrecv, outgoing, dest, COLLECTIVE_TAG, incoming, source,
+                                     COLLECTIVE_TAG))
+            elif sends and recvs:
+                calls.append(partial(_post_and_wait, comm, sends, recvs))
+            else:
+                calls += [partial(comm.Recv, buf, peer, COLLECTIVE_TAG) for buf, peer in recvs]
+                calls += [partial(comm.Send, buf, peer, COLLECTIVE_TAG) for buf, peer in sends]
         for kind, *specs in ops:
             if kind == "reduce":
                 a, b, out = (view(spec) for spec in specs)
                 # ``out`` positionally is cheaper to call; NumPy deprecates that for np.maximum only.
                 calls.append(partial(ufunc, a, b, out) if ufunc is np.add else partial(ufunc, a, b, out=out))
-            else:
+            elif kind == "copy":
                 source, target = specs
                 calls.append(partial(xp.copyto, view(target), view(source)))
         if ops and synchronize is not None and index < last_message and not wire:
