@@ -60,7 +60,9 @@ The check trains a serial model from the same seed on the same global batches
 with the same optimiser in the point's dtype (as many steps as the point ran, on
 rank 0, skipping the steps mixed precision skipped), counts the parameters outside
 ``rtol`` of it (atol ``rtol * max |w|``: float64 1e-9, float32 1e-3, 16-bit
-exchange or compute 5e-2, since sums in other orders drift apart over the steps),
+exchange or compute 5e-2, since sums in other orders drift apart over the steps; ``keras`` in float32
+2e-2: another library's kernels sum in other orders, and Adam's normalised steps turn that into up to
+lr per step on weights whose gradients are near zero: 0.3 % of max |w| after 22 steps of keras_cnn),
 and adds the parameters that differ from rank 0's replica on each rank. For the
 sharded variants the parameters compared are the shards put together (an
 allgather), and each rank's model (whole after ``sync_model``) must equal them.
@@ -92,6 +94,7 @@ IMAGE_MODELS = {"cnn": mnist_cnn, "keras_cnn": keras_cnn}
 DATASETS = {"mnist": load_mnist_sample, "digits": load_digits}
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 SIXTEEN_BIT_TOLERANCE = 5e-2
+KERAS_FLOAT32_TOLERANCE = 2e-2
 
 
 @functools.lru_cache(maxsize=4)
@@ -228,6 +231,8 @@ class DataParallel(Case):
         state.comm.Bcast(expected, root=0)
         full = state.settings["precision"] == state.settings["compute"] == "full"
         rtol = TOLERANCES[state.dtype] if full else SIXTEEN_BIT_TOLERANCE
+        if isinstance(trainer, KerasTrainer) and state.dtype == "float32":
+            rtol = KERAS_FLOAT32_TOLERANCE
         close = np.isclose(params, expected, rtol=rtol, atol=rtol * np.max(np.abs(expected)))
         return int(np.count_nonzero(~close)) + trainer.replica_mismatches()
 
