@@ -235,19 +235,20 @@ def _available(sub, case, config, backend, variants, result):
     """The variants of ``variants`` that ``case`` can run on ``backend`` with the ranks of ``sub``.
 
     `bench.case.Case.unavailable` is asked on every rank (it is collective); rank 0's
-    answer counts. A variant it refuses is skipped with a note in ``result``, or, when the
+    answer counts. A variant it refuses is skipped with a note in ``result`` (one per reason), or, when the
     variants were named (``--variants``), refused on every rank with an `AgreedInputError`.
     """
-    kept = []
+    kept, skipped = [], {}
     for variant in variants:
         reason = sub.bcast(agree(sub, case.unavailable, sub, variant, backend), root=0)
-        note = f"{variant} skipped on {config.backend}: {reason}"
         if reason is None:
             kept.append(variant)
         elif config.variants_named:
             raise AgreedInputError(f"variant {variant!r} cannot run on {config.backend}: {reason}")
         else:
-            result.note(note)
+            skipped.setdefault(reason, []).append(variant)
+    for reason, names in skipped.items():  # one note for the variants skipped for one reason
+        result.note(f"{', '.join(names)} skipped on {config.backend}: {reason}")
     return kept
 
 

@@ -38,6 +38,8 @@ def test_sweep_measures_every_point_then_resumes(tmp_path):
     assert all(float(row["t_min_s"]) <= float(row["t_med_s"]) <= float(row["t_max_s"]) for row in rows)
     assert "busbw_GB/s" in out
     assert out.count("# nccl skipped on numpy: NCCL sums device buffers only (--backend cupy)") == 1
+    assert out.count("# ring+nccl, recursive_doubling+nccl, rabenseifner+nccl, tree+nccl, auto+nccl skipped on numpy: "
+                     "its messages go over NCCL, between device buffers only (--backend cupy)") == 1  # one per reason
     status, out, err = mlscale(*args)
     assert status == 0, err
     assert "nothing measured" in out
