@@ -99,8 +99,8 @@ def test_bad_sizes_and_backends():
 @pytest.mark.parametrize("causal", ["0", "1"])
 @pytest.mark.parametrize("variant", Attention.variants)
 def test_every_variant_runs_and_checks_on_the_device(comm, monkeypatch, device_backend, variant, causal):
-    """Setup, run, check on device arrays (23 tokens: uneven shards; 12 heads divide by 1-4 ranks)."""
-    for name, value in dict(BACKWARD="1", CAUSAL=causal, HEADS="12", DIM="4", TILE="5", KEY_TILE="7").items():
+    """Setup, run, check on device arrays (23 tokens: uneven shards and tiles; 12 heads divide by 1-4 ranks)."""
+    for name, value in dict(BACKWARD="1", CAUSAL=causal, HEADS="12", DIM="4", TILE="8", KEY_TILE="11").items():
         monkeypatch.setenv(f"MLSCALE_ATTN_{name}", value)
     case = Attention()
     state = case.setup(comm, 23, variant, device_backend, "float64")
