@@ -8,6 +8,7 @@ from scipy.signal import correlate
 from kernels.distribution import ProcessGrid
 from kernels.errors import InputError
 from parallel.spatial.domain_parallel import aligned_layout, domain_parallel_model
+from parallel.spatial import halo_conv
 from parallel.spatial.halo_conv import HaloConv2d, conv_padding
 from parallel.spatial.halo_exchange import PACKING_METHODS
 from parallel.nn.conv import Conv2d
@@ -52,14 +53,15 @@ def _all_agree(comm, flag):
     return comm.allreduce(int(bool(flag))) == comm.size
 
 
-def _compare_with_serial(grid, shape, out_channels, kernel, stride, mode, dtype, overlap, method):
-    """Forward and backward of HaloConv2d and of the serial Conv2d: whether tiles, dW and db agree."""
-    rng = np.random.default_rng(kernel * 10 + stride)
+def _compare_with_serial(grid, shape, out_channels, kernel, stride, padding, dtype, overlap, method,
+                         input_gradient=True):
+    """Forward and backward of HaloConv2d and of the serial Conv2d: whether tiles, dW and db agree (and, with
+    ``input_gradient`` off in the layer, that its backward returns None)."""
+    rng = np.random.default_rng([*np.atleast_1d(kernel), stride])
     x = rng.standard_normal(shape).astype(dtype)
-    padding = conv_padding(mode, kernel)
     serial = Conv2d(shape[1], out_channels, kernel, stride, padding, rng=1, dtype=dtype)
     serial.params["bias"][...] = rng.standard_normal(out_channels)
-    twin = Conv2d(shape[1], out_channels, kernel, stride, padding, rng=1, dtype=dtype)
+    twin = Conv2d(shape[1], out_channels, kernel, stride, padding, rng=1, dtype=dtype, input_gradient=input_gradient)
     twin.params["bias"][...] = serial.params["bias"]
     layout = TileLayout.blocks(shape[2], shape[3], grid.dims)
     conv = HaloConv2d(twin, grid, layout, overlap=overlap, method=method)
@@ -69,7 +71,7 @@ def _compare_with_serial(grid, shape, out_channels, kernel, stride, mode, dtype,
     y_tile = conv.forward(layout.tile(x, grid.coords))
     dx_tile = conv.backward(conv.out_layout.tile(dy, grid.coords))
     return (_close(y_tile, conv.out_layout.tile(y, grid.coords), dtype)
-            and _close(dx_tile, layout.tile(dx, grid.coords), dtype)
+            and (_close(dx_tile, layout.tile(dx, grid.coords), dtype) if input_gradient else dx_tile is None)
             and all(_close(twin.grads[name], serial.grads[name], dtype) for name in serial.grads))
 
 
@@ -81,7 +83,8 @@ def test_convolution_equals_serial(comm, dims):
     for kernel, stride, mode in itertools.product((1, 3, 5, 7), (1, 2), ("same", "valid")):
         for dtype, overlap, method in ((np.float64, False, PACKING_METHODS[0]), (np.float32, True, PACKING_METHODS[1])):
             shape = (2, 3, 15, 13) if mode == "same" else (1, 2, 19, 26)
-            results.append(_compare_with_serial(grid, shape, 4, kernel, stride, mode, dtype, overlap, method))
+            results.append(_compare_with_serial(grid, shape, 4, kernel, stride, conv_padding(mode, kernel), dtype,
+                                                overlap, method))
     assert _all_agree(comm, all(results))
     grid.free()
 
@@ -91,11 +94,53 @@ def test_convolution_equals_serial(comm, dims):
 def test_overlap_and_packing_on_tiles_thinner_than_the_halo(comm, dims):
     grid = _grid_or_skip(comm, dims)
     # 9 x 8 pixels on up to 3 tiles per axis: tiles of 3 rows, halos of 3 (same) and 6 (valid)
-    results = [_compare_with_serial(grid, (1, 2, 9, 8), 3, 7, stride, mode, np.float64, overlap, method)
-               for stride, mode, overlap, method in itertools.product((1, 2), ("same",), (False, True),
-                                                                      PACKING_METHODS)]
-    results.append(_compare_with_serial(grid, (1, 2, 24, 22), 3, 7, 1, "valid", np.float64, True, "packed"))
+    results = [_compare_with_serial(grid, (1, 2, 9, 8), 3, 7, stride, 3, np.float64, overlap, method)
+               for stride, overlap, method in itertools.product((1, 2), (False, True), PACKING_METHODS)]
+    results.append(_compare_with_serial(grid, (1, 2, 24, 22), 3, 7, 1, 0, np.float64, True, "packed"))
     assert _all_agree(comm, all(results))
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dims", GRIDS)
+def test_a_first_layer_without_input_gradient_gives_the_weight_gradient_alone(comm, dims):
+    grid = _grid_or_skip(comm, dims)
+    results = [_compare_with_serial(grid, (2, 1, 13, 11), 3, kernel, 1, kernel // 2, np.float64, overlap, "packed",
+                                    input_gradient=False) for kernel, overlap in itertools.product((3, 5), (False, True))]
+    assert _all_agree(comm, all(results))
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dims", GRIDS)
+@pytest.mark.parametrize("chunk, narrow", [(1, 0), (300, 10 ** 6), (2000, 0)])
+def test_bands_strips_and_oblong_kernels_equal_serial(comm, monkeypatch, dims, chunk, narrow):
+    """Bands of one row, of a few rows (the last shorter) and of several images; regions never or always
+    computed transposed; kernels taller than wide and wider than tall; stride above the kernel."""
+    grid = _grid_or_skip(comm, dims)
+    monkeypatch.setattr(halo_conv, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(halo_conv, "NARROW_COLUMNS", narrow)
+    cases = [((3, 5), 1, 1), ((5, 3), 2, 1), ((1, 3), 1, 0), ((3, 1), 3, 0), (1, 2, 0), (2, 3, 0), (3, 1, 1)]
+    results = [_compare_with_serial(grid, (3, 2, 17, 14), 3, kernel, stride, padding, dtype, overlap, "packed")
+               for (kernel, stride, padding), dtype, overlap in itertools.product(
+                   cases, (np.float32, np.float64), (False, True))]
+    assert _all_agree(comm, all(results))
+    grid.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_outputs_and_input_gradients_are_not_overwritten_by_the_next_call(comm):
+    """Each forward returns a new output and each backward a new input gradient (a view of a new buffer)."""
+    grid = ProcessGrid(comm)
+    layout = TileLayout.blocks(12, 10, grid.dims)
+    conv = HaloConv2d(Conv2d(2, 3, 3, 1, 1, rng=0, dtype=np.float64), grid, layout)
+    rng = np.random.default_rng(5)
+    x, dy = (np.ascontiguousarray(layout.tile(rng.standard_normal((1, c, 12, 10)), grid.coords)) for c in (2, 3))
+    y, dx = conv.forward(x), conv.backward(dy)
+    kept = y.copy(), dx.copy()
+    conv.forward(2 * x)
+    conv.backward(3 * dy)
+    assert _all_agree(comm, np.array_equal(y, kept[0]) and np.array_equal(dx, kept[1]))
     grid.free()
 
 
