@@ -82,9 +82,12 @@ def dot(comm, x, y, timings=None):
 def nrm2(comm, x, timings=None):
     """Global Euclidean norm ``||x||_2`` without overflow or underflow.
 
-    The entries are divided by the global largest magnitude (found with an
-    ``Allreduce`` MAX) before squaring, so vectors with entries near 1e200 (or
-    1e-200) give the right norm, as LAPACK's dnrm2 does with its scaling.
+    The global largest magnitude ``s`` is found first (an ``Allreduce`` MAX, with the
+    longest block's length). Where no square can overflow or matter by underflowing
+    (``sqrt(tiny) / eps <= s`` and ``s**2 * p * longest_block <= max / 2`` in the compute
+    type, the same decision on every rank) the squares are summed as they are, one pass
+    over ``x``; else the entries are divided by ``s`` first, so vectors with entries near
+    1e200 (or 1e-200) give the right norm, as LAPACK's dnrm2 does with its scaling.
 
     Parameters
     ----------
@@ -105,32 +108,39 @@ def nrm2(comm, x, timings=None):
 
     Notes
     -----
-    Two ``Allreduce``: MAX of 2 words (largest magnitude, NaN flag), then SUM of
-    1 word: ``2 log2(p) alpha + 3 log2(p) beta`` per rank; about ``3 n / p``
-    flops. NaN anywhere gives NaN on every rank, an infinite entry gives inf.
+    Two ``Allreduce``: MAX of 3 words (largest magnitude, NaN flag, block length), then
+    SUM of 1 word: ``2 log2(p) alpha + 4 log2(p) beta`` per rank; about ``3 n / p`` flops,
+    and three reads of the block when no scaling is needed (real types: max, min and the
+    sum of squares; complex: ``abs`` makes one temporary). NaN anywhere gives NaN on every
+    rank, an infinite entry gives inf.
     """
     x = _local_vector(x, "nrm2")
     xp, result = array_module(x), norm_dtype(x.dtype)
     with timed(timings, "compute", xp):
         work = x.astype(np.float64 if x.dtype.kind == "i" else accumulator(x.dtype), copy=False)
-        scale = xp.zeros(2, dtype=np.float64)   # largest magnitude (NaN as 0), NaN flag
+        scale = xp.zeros(3, dtype=np.float64)   # largest magnitude (NaN as 0), NaN flag, block length
+        scale[2] = work.size
         if work.size:
-            largest = xp.abs(work).max()
+            largest = xp.abs(work).max() if work.dtype.kind == "c" else xp.maximum(work.max(), -work.min())
             scale[0] = xp.fmax(largest, 0.0)
             scale[1] = xp.isnan(largest)
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, scale, op=MPI.MAX)
-    largest, nan = scale.tolist()
+    largest, nan, longest = scale.tolist()
     if nan or largest == 0.0 or np.isinf(largest):
         return _scalar_result(xp.full(1, np.nan if nan else largest), result, xp)
+    info = np.finfo(work.real.dtype)
+    tiny, eps, most = float(info.tiny), float(info.eps), float(info.max)
+    unscaled = tiny ** 0.5 / eps <= largest and largest * largest * comm.size * longest <= most / 2
     with timed(timings, "compute", xp):
-        scaled = work / work.real.dtype.type(largest)
+        scaled = work if unscaled else work / work.real.dtype.type(largest)
         sum_of_squares = xp.zeros(1, dtype=np.float64)
         sum_of_squares[0] = xp.vdot(scaled, scaled).real
     with timed(timings, "comm"):
         comm.Allreduce(MPI.IN_PLACE, sum_of_squares, op=MPI.SUM)
     with np.errstate(over="ignore"):  # a norm beyond the type's range is inf, as numpy.linalg.norm gives
-        return _scalar_result(largest * xp.sqrt(sum_of_squares), result, xp)
+        return _scalar_result(xp.sqrt(sum_of_squares) if unscaled else largest * xp.sqrt(sum_of_squares),
+                              result, xp)
 
 
 def _scalar(alpha, dtype):

@@ -15,15 +15,16 @@ class Blas1Model(BlasModel):
     host_only_variants = {variant: LIBRARY_REFERENCE for variant in VARIANTS if variant.startswith("numpy")}
 
     def cost(self, variant, n, p):
-        """dot: one Allreduce of 2 words; nrm2: two (2 and 1 words); axpy none (see kernels.blas1).
+        """dot: one Allreduce of 2 words; nrm2: two (3 and 1 words); axpy none (see kernels.blas1).
 
-        Memory traffic: dot reads x and y, nrm2 reads x twice (once in NumPy), axpy
+        Memory traffic: dot reads x and y, nrm2 reads x three times (max, min and the squares; NumPy's
+        norm twice), axpy
         reads x, y and writes y.
         """
         rounds = log2_ceil(p)
         return {"numpy_dot": Cost(0, 0, 2 * n, 2 * n), "numpy_nrm2": Cost(0, 0, 2 * n, n),
                 "numpy_axpy": Cost(0, 0, 2 * n, 3 * n), "dot": Cost(rounds, 2 * rounds, 2 * n / p, 2 * n / p),
-                "nrm2": Cost(2 * rounds, 3 * rounds, 3 * n / p, 2 * n / p),
+                "nrm2": Cost(2 * rounds, 4 * rounds, 3 * n / p, 3 * n / p),
                 "axpy": Cost(0, 0, 2 * n / p, 3 * n / p)}[variant]
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

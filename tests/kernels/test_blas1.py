@@ -119,8 +119,12 @@ def test_nrm2_of_complex_is_real(comm):
 @pytest.mark.mpi(min_size=1)
 def test_nrm2_neither_overflows_nor_underflows(comm):
     n = 7
+    # also either side of the bounds of the unscaled sum (largest = 2 x magnitude; float64: 6.7e-139 and, on 1-4
+    # ranks of 7 entries, 3.4e153; float32: 9.1e-13 and 4.6e18)
     for dtype, magnitude in [(np.float64, 1e200), (np.float64, 1e-200), (np.float32, 1e30), (np.float32, 1e-30),
-                             (np.float16, 1e4), (np.float16, 1e-6), (np.float16, 3e4)]:
+                             (np.float16, 1e4), (np.float16, 1e-6), (np.float16, 3e4), (np.float64, 3e-139),
+                             (np.float64, 1e-138), (np.float64, 1e153), (np.float64, 3e153), (np.float32, 3e-13),
+                             (np.float32, 1e-12), (np.float32, 1e18), (np.float32, 3e18)]:
         with combination(dtype, magnitude):
             x = (magnitude * np.linspace(1.0, 2.0, n)).astype(dtype)
             largest = np.abs(x.astype(np.float64)).max()
