@@ -34,6 +34,13 @@ How the thresholds were chosen
       crossover moves between 16 KiB and past 48 KiB from run to run: this machine
       cannot place it, so `SHORT_BYTES` keeps MPICH's 80 KiB.
 
+    - Checked again after the early copies (the out-of-place ring sends its own block while
+      copying it; one sweep, ``mlscale sweep allgather --np 4 --ranks 3,4 --sizes 64:8M``,
+      medians in us, ring / recursive doubling / Bruck): 4 ranks 1 MiB 292 / 282 / 422, 4 MiB
+      1012 / 963 / 1464, 8 MiB 1950 / 1656 / 3059 (recursive doubling still ahead by 3-15 %,
+      as noisy as before); 3 ranks 4 KiB 14.1 / 17.1 / 17.8, 1 MiB 229 / 281 / 398: the
+      thresholds stand.
+
     Recursive doubling with its fold was often fastest on the other rank counts too,
     but there its folded ranks idle on oversubscribed cores; MPICH does not use it
     there, nor does `choose`.
