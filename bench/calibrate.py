@@ -300,6 +300,8 @@ def _alone_rates(cores, plan):
     (n0, t0), (n1, t1) = one["reduce"][-2:]
     largest, seconds = one["copy"][-1]
     return dict(cores=cores, gemm={dtype: [rates, every["gemm"][dtype]] for dtype, rates in one["gemm"].items()},
+                gemm_thin={dtype: [rates, every["gemm_thin"][dtype]] for dtype, rates in one["gemm_thin"].items()},
+                thin_rows=list(plan.thin_rows), thin_side=plan.thin_side,
                 **suites, dp_step={dtype: [[rows, [t, every["dp_step"][dtype][i][1]]]
                                            for i, (rows, t) in enumerate(table)]
                                    for dtype, table in one["dp_step"].items()},

@@ -9,6 +9,12 @@ together, so they share the cores and the memory bandwidth as the ranks of a
 sweep do).
 
 - ``gemm``: flop/s of square products by size (`GEMM_SIZES`) and dtype;
+- ``gemm_thin``: flop/s of thin products ``(d, S) @ (S, S)``, ``S`` = `THIN_SIDE` (``thin_side``), by
+  ``d`` of `THIN_ROWS` (``thin_rows``) and dtype, each call with the next of `THIN_OPERANDS` distinct
+  ``S x S`` operands (64 MiB in float64: from memory, as the layers of a network each bring their
+  weights): BLAS packs a whole ``S x S`` operand for few rows, so a product whose smallest side is
+  far below the cube root of its work runs well below the square rate of equal work
+  (`bench.models.terms.gemm`);
 - ``conv``, ``attention``: flop/s of the suites' own kernels at a reference size
   (`SUITE_POINTS`), by dtype and variant;
 - ``dp_step``: seconds of a ``dp`` training step (the MLP, one rank) at the batch
@@ -21,6 +27,7 @@ sweep do).
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
 or `QUICK` (``--quick``: fewer sizes, one round, short samples; the same tables, coarser).
 """
+import itertools
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -32,6 +39,10 @@ from bench.stability import table_spread
 
 LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
 GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
+#: Rows d of the thin products (d, THIN_SIDE) @ (THIN_SIDE, THIN_SIDE).
+THIN_ROWS, THIN_SIDE = (8, 32, 128), 1024
+#: Distinct (THIN_SIDE, THIN_SIDE) operands the thin products take in turn (more than a cache holds).
+THIN_OPERANDS = 8
 DTYPES = ("float32", "float64")
 #: (suite, variant, size): reference points of the suites whose kernel rate is calibrated.
 SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
@@ -46,6 +57,8 @@ class RatesPlan:
     """What `local_rates` measures: the table sizes, ``rounds`` per entry and ``least`` seconds per sample."""
 
     gemm_sizes: tuple = GEMM_SIZES
+    thin_rows: tuple = THIN_ROWS
+    thin_side: int = THIN_SIDE
     local_sizes: tuple = tuple(LOCAL_SIZES)
     dp_rows: tuple = DP_ROWS
     suite_points: tuple = SUITE_POINTS
@@ -56,7 +69,7 @@ class RatesPlan:
 FULL = RatesPlan()
 #: A rough calibration in a few seconds (tests, a first look): the ends and middle of each table, one round.
 #: The suites' kernels at a quarter of their reference work.
-QUICK = RatesPlan(gemm_sizes=(32, 128, 512), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
+QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
                   dp_rows=(16, 256), suite_points=tuple((suite, variant, size // 2) for suite, variant, size in
                                                         SUITE_POINTS), rounds=1, least=0.002)
 
@@ -73,7 +86,9 @@ def local_rates(threads, comm=None, plan=FULL):
             rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
             suites[suite].setdefault(dtype, {})[variant] = rate
     gemm = {dtype: [2 * n**3 / seconds["gemm", dtype, n] for n in plan.gemm_sizes] for dtype in DTYPES}
-    return dict(gemm=gemm, **suites,
+    thin = {dtype: [2 * d * plan.thin_side**2 / seconds["gemm_thin", dtype, d] for d in plan.thin_rows]
+            for dtype in DTYPES}
+    return dict(gemm=gemm, gemm_thin=thin, **suites,
                 dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in plan.dp_rows] for dtype in DTYPES},
                 reduce=[[n, seconds["reduce", n]] for n in plan.local_sizes],
                 copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
@@ -138,6 +153,9 @@ def _items(stack, plan):
         for n in plan.gemm_sizes:
             a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
             items["gemm", dtype, n] = _product(a, b)  # two operands: a @ a reads half the memory
+        squares = [rng.random((plan.thin_side,) * 2).astype(dtype) for _ in range(THIN_OPERANDS)]
+        for d in plan.thin_rows:
+            items["gemm_thin", dtype, d] = _rotating_product(rng.random((d, plan.thin_side)).astype(dtype), squares)
     for (kind, suite, variant, dtype, size), (case, state) in _suite_states(stack, plan):
         if kind == "dp":
             items["dp", dtype, size] = _runner(case, state)
@@ -154,6 +172,11 @@ def _items(stack, plan):
 
 def _product(a, b):
     return lambda: a @ b
+
+
+def _rotating_product(a, operands):
+    turn = itertools.cycle(operands)
+    return lambda: a @ next(turn)
 
 
 def _adder(vector, other):

@@ -110,15 +110,38 @@ def _at_dtype(calib, table):
 
 def gemm(calib, m, n, k, ranks):
     """A product of (m, k) by (k, n) on one of ``ranks`` ranks, at the rate of the square size of equal work
-    (the largest calibrated size's rate beyond it: a rate extrapolated along a slope could turn negative)."""
+    (the largest calibrated size's rate beyond it: a rate extrapolated along a slope could turn negative),
+    times the efficiency of a product as thin as this one (`thin_efficiency`)."""
     if min(m, n, k) <= 0:
         return 0.0
+    side = (m * n * k) ** (1 / 3)
+    return 2 * m * n * k / (_square_rate(calib, side, ranks) * thin_efficiency(calib, min(m, n, k) / side, ranks))
+
+
+def _square_rate(calib, side, ranks):
+    """Flop/s of a square product of ``side`` on one of ``ranks`` ranks (interpolated in the calibrated sizes)."""
     table = _at_dtype(calib, calib["gemm"])
     busy = _at_dtype(calib, _shared(calib, ranks)["gemm"]) if _shared(calib, ranks) else [None] * len(table[0])
-    side = (m * n * k) ** (1 / 3)
     rates = [[size, _rate(calib, [table[0][i], table[-1][i]], ranks, busy[i])]
              for i, size in enumerate(calib["gemm_sizes"])]
-    return 2 * m * n * k / interpolate(rates, min(side, calib["gemm_sizes"][-1]))  # no slope beyond the table
+    return interpolate(rates, min(side, calib["gemm_sizes"][-1]))  # no slope beyond the table
+
+
+def thin_efficiency(calib, aspect, ranks):
+    """The rate of a product whose smallest side is ``aspect`` times the cube root of its work, over the square
+    rate of equal work: piecewise linear in ``aspect`` through the calibrated thin products
+    (``gemm_thin``: ``(d, S) @ (S, S)``, aspect ``d / (d S^2)^(1/3)``, at most 1) and 1 at aspect 1; the
+    thinnest one's below it; 1 for a calibration without them (written before they were measured)."""
+    if "gemm_thin" not in calib or aspect >= 1:
+        return 1.0
+    table, shared, square = _at_dtype(calib, calib["gemm_thin"]), _shared(calib, ranks), calib["thin_side"] ** 2
+    busy = _at_dtype(calib, shared["gemm_thin"]) if shared and "gemm_thin" in shared else [None] * len(table[0])
+    points = [[1.0, 1.0]]
+    for i, rows in enumerate(calib["thin_rows"]):
+        side = (rows * square) ** (1 / 3)
+        rate = _rate(calib, [table[0][i], table[-1][i]], ranks, busy[i])
+        points.append([rows / side, min(rate / _square_rate(calib, side, ranks), 1.0)])
+    return interpolate(sorted(points), aspect)
 
 
 def gemm_peak(calib, ranks, count=None):

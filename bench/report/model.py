@@ -25,6 +25,9 @@ NUMBERS = ("alpha_s", "beta_s_per_byte", "overhead_s", "call_s", "gamma_s_per_by
 TABLES = ("pingpong", "exchange", "stream", "allreduce", "reduce", "copy", "gemm", "gemm_sizes", "conv", "attention",
           "dp_step")
 KEYS = NUMBERS + TABLES
+#: Numbers and tables a calibration holds when its mlscale measured them (checked as `NUMBERS` and `TABLES`
+#: when present).
+OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
@@ -37,7 +40,8 @@ def load_calibration(path):
     JSON object, lacks one of `KEYS` (an older file: re-run calibrate), holds a
     constant of `NUMBERS` that is not a finite number > 0, a table (of `TABLES`, also
     under ``busy``) that is not a non-empty list or object of finite numbers (nested
-    lists and objects, none empty), or names an unknown ``scope``. Records in ``unstable`` the names of its
+    lists and objects, none empty), some but not all of `OPTIONAL_NUMBERS` and
+    `OPTIONAL_TABLES` (checked as those), or names an unknown ``scope``. Records in ``unstable`` the names of its
     tables whose spread is above the ``max_spread`` it was written with (`bench.stability.unstable_tables`).
     """
     try:
@@ -53,13 +57,18 @@ def load_calibration(path):
         raise InputError(f"{path} " + ("was written by an older mlscale calibrate" if older else
                                        "is not an mlscale calibration") +
                          f" (missing {missing[0]!r}); run mlscale calibrate again")
-    for key in NUMBERS:
+    optional = [key for key in OPTIONAL_NUMBERS + OPTIONAL_TABLES if key in calib]
+    if optional and len(optional) < len(OPTIONAL_NUMBERS + OPTIONAL_TABLES):
+        absent = next(key for key in OPTIONAL_NUMBERS + OPTIONAL_TABLES if key not in calib)
+        raise InputError(f"{path}: {optional[0]} needs {absent} beside it; run mlscale calibrate")
+    for key in NUMBERS + tuple(key for key in OPTIONAL_NUMBERS if key in calib):
         value = calib[key]
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     busy = calib.get("busy")
-    for name, table in [(key, calib[key]) for key in TABLES] + [
-            (f"busy.{key}", busy[key]) for key in TABLES if isinstance(busy, dict) and key in busy]:
+    checked = TABLES + tuple(key for key in OPTIONAL_TABLES if key in calib)
+    for name, table in [(key, calib[key]) for key in checked] + [
+            (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy]:
         if not isinstance(table, (list, dict)) or not table:
             raise InputError(f"{path}: {name} must be a non-empty table; run mlscale calibrate")
         wrong = _not_a_number(table)

@@ -102,7 +102,8 @@ def test_the_mpi_library_has_no_nul_byte(monkeypatch):
 #: Smaller still than the quick plans (the test checks the tables' shapes, not their figures): both ends of
 #: each table, two sizes from 1 MiB on for the bandwidth slope, the suites' kernels on tiny inputs.
 TINY_MESSAGES = MessagePlan(sizes=(8, 1 << 20, 16 << 20), stream_sizes=(8, 4 << 20), rounds=1, calls=(2, 1))
-TINY_RATES = RatesPlan(gemm_sizes=(32, 64), local_sizes=(8, 1 << 10, 32 << 20), dp_rows=(16, 64),
+TINY_RATES = RatesPlan(gemm_sizes=(32, 64), thin_rows=(2, 8), thin_side=64, local_sizes=(8, 1 << 10, 32 << 20),
+                       dp_rows=(16, 64),
                        suite_points=(("conv", "forward", 16), ("conv", "forward_backward", 16),
                                      ("attention", "full", 64)), rounds=1, least=0.0005)
 
@@ -137,6 +138,8 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
         assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"}
         assert [n for n, _ in busy["reduce"]] == list(QUICK.local_sizes)
     assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"]) == len(QUICK.gemm_sizes)
+    assert len(constants["gemm_thin"]["float32"][1]) == len(constants["thin_rows"]) == 2
+    assert constants["thin_side"] == 64 and all(rate > 0 for rate in constants["gemm_thin"]["float64"][0])
     assert set(constants["conv"]["float32"]) == {"forward", "forward_backward"}
 
 
@@ -144,7 +147,8 @@ def test_the_quick_plans_keep_what_the_models_fit():
     """Both ends of every table, two sizes from 1 MiB on for the bandwidth slope, sizes rising."""
     for full, quick in ((FULL_MESSAGES.sizes, QUICK_MESSAGES.sizes), (FULL_MESSAGES.stream_sizes,
                         QUICK_MESSAGES.stream_sizes), (FULL.local_sizes, QUICK.local_sizes),
-                        (FULL.gemm_sizes, QUICK.gemm_sizes), (FULL.dp_rows, QUICK.dp_rows)):
+                        (FULL.gemm_sizes, QUICK.gemm_sizes), (FULL.dp_rows, QUICK.dp_rows),
+                        (FULL.thin_rows, QUICK.thin_rows)):
         assert quick[0] == full[0] and set(quick) <= set(full) and list(quick) == sorted(set(quick))
     assert QUICK_MESSAGES.sizes[-1] == FULL_MESSAGES.sizes[-1] and QUICK.local_sizes[-1] == FULL.local_sizes[-1]
     assert sum(n >= SLOPE_FROM for n in QUICK_MESSAGES.sizes) >= 2

@@ -163,6 +163,9 @@ def test_calibration_must_be_complete(tmp_path):
         load_calibration(str(path))
 
 
+THIN = dict(gemm_thin={"float64": [[1e9, 2e9], [2e9, 4e9]]}, thin_rows=[8, 32], thin_side=1024)
+
+
 @pytest.mark.parametrize("content, message", [
     ("[1, 2]", "not an mlscale calibration .a JSON object"),
     ('"calib"', "not an mlscale calibration .a JSON object"),
@@ -180,8 +183,14 @@ def test_calibration_must_be_complete(tmp_path):
     (json.dumps(dict(CALIB, copy=[[8, True]])), "copy must hold numbers only, got true"),
     (json.dumps(dict(CALIB, busy=dict(CALIB, threads=1, reduce=[[8, "slow"]]))),
      'busy.reduce must hold numbers only, got "slow"'),
+    (json.dumps(dict(CALIB, **dict(THIN, thin_side=0))), "thin_side must be a number > 0, got 0"),
+    (json.dumps(dict(CALIB, **dict(THIN, thin_rows=[]))), "thin_rows must be a non-empty table"),
+    (json.dumps(dict(CALIB, **THIN, busy=dict(CALIB, threads=1, gemm_thin={"float64": [None]}))),
+     "busy.gemm_thin must hold numbers only, got null"),
+    (json.dumps(dict(CALIB, gemm_thin=THIN["gemm_thin"])), "gemm_thin needs thin_side beside it"),
 ])
 def test_a_malformed_calibration_is_refused_naming_it(tmp_path, content, message):
+    """Also the thin products' tables, optional (older files lack them) but whole and numeric when present."""
     from bench.report.model import load_calibration
 
     path = tmp_path / "c.json"

@@ -41,6 +41,21 @@ def test_gemm_rate_follows_threads_and_table():
     assert terms.gemm(calib, 0, 100, 100, 2) == 0.0
 
 
+def test_a_thin_product_runs_at_the_calibrated_thin_rate_and_a_square_one_as_before():
+    calib = calibration(rate=1e10, cores=2)
+    assert terms.thin_efficiency(calib, 0.01, 1) == 1.0    # a calibration without thin products
+    side = 256
+    calib.update(gemm_thin={"float64": [[2.5e9, 5e9], [5e9, 1e10]]}, thin_rows=[4, 64], thin_side=side)
+    for rows, rate in ((4, 2.5e9), (64, 5e9)):    # 1 thread on each of 2 ranks: the table's first column
+        assert terms.gemm(calib, rows, side, side, 2) == pytest.approx(2 * rows * side**2 / rate)
+        assert terms.gemm(calib, side, side, rows, 2) == pytest.approx(2 * rows * side**2 / rate)  # any side thin
+    assert terms.gemm(calib, 2, side, side, 2) == pytest.approx(2 * 2 * side**2 / 2.5e9)  # the thinnest's below
+    assert terms.gemm(calib, 100, 100, 100, 2) == pytest.approx(2e6 / 1e10)  # square: the square rate
+    between = terms.thin_efficiency(calib, 0.5, 2)
+    assert terms.thin_efficiency(calib, 64 / (64 * side**2) ** (1 / 3), 2) == pytest.approx(0.5)
+    assert 0.5 < between < 1.0
+
+
 def test_ranks_sharing_the_node_pay_what_sharing_cost_in_the_calibration():
     calib = calibration(rate=1e10, cores=2)
     calib["busy"] = dict(ranks=2, threads=1, gemm={"float64": [5e9] * 6}, reduce=[[1, 1.0], [BIG, 1.0]],
