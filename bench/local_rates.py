@@ -21,7 +21,9 @@ sweep do).
   sizes of `DP_ROWS`, by dtype;
 - ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
   8 B .. 32 MiB (`LOCAL_SIZES`);
-- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64;
+- ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64, one row of
+  `KERNEL_COLUMNS` entries at a time, as Dis-SMO computes them (one row per working-set index; a
+  block of rows runs several times faster per entry: a GEMM, not a GEMV);
 - ``spread``: each table's `bench.stability.table_spread` over the rounds (None in one round).
 
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
@@ -48,7 +50,7 @@ DTYPES = ("float32", "float64")
 SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
 #: Batch sizes of the calibrated ``dp`` steps (variant ``mpi`` on one rank).
 DP_ROWS = (16, 64, 256)
-KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 64
+KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 1
 ROUNDS, LEAST_S = 3, 0.01
 
 

@@ -29,6 +29,11 @@ DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
                "data set: a bundled name or an svmlight / LIBSVM file (mnist: at most 4,000 training samples)")
 
 
+#: Calls of one Dis-SMO iteration on a rank, counted in `svm.distributed.dis_smo`: select_i (two masks, two
+#: candidates: argmax and fetch, the records array, the counted Allreduce) about 16, select_j (the cached row,
+#: the second-order gain in six passes, a candidate of four payloads, the Allreduce) about 25, update (the pair
+#: step's scalar arithmetic, alpha and the index sets of two samples, the row of j, three passes on F) about 30.
+ITERATION_CALLS = 70
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
 _SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
 _PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
@@ -54,7 +59,8 @@ class SVMModel(Model):
     def predict(self, variant, size, ranks, calib):
         """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
         follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
-        small ``Allreduce`` with a Python reduction op, a dozen NumPy calls and four passes over a rank's
+        small ``Allreduce`` with a Python reduction op, about 70 NumPy and Python calls (`ITERATION_CALLS`)
+        and four passes over a rank's
         n / p gradient entries; every kernel row computed once over the rank's n / p columns at the
         calibrated RBF rate (scaled by ``n_features`` / 784); the final gathers. None for the other
         variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
@@ -63,7 +69,7 @@ class SVMModel(Model):
         if variant != "dis_smo" or not params.get("n_iter"):
             return None
         iterations, local = int(params["n_iter"]), size / ranks
-        step = 2 * (terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, 12) + \
+        step = 2 * (terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, ITERATION_CALLS) + \
             4 * terms.copy(calib, 8 * local)
         rows = min(size, 2 * iterations) * local / calib["kernel_rows"] * params.get("n_features", 784) / 784
         return iterations * step + rows + terms.allgather(calib, 8 * size, ranks)
