@@ -17,6 +17,9 @@ the mean of back-to-back calls after a barrier:
   messages and its acknowledgement (LogGP's gap; OSU's osu_bw pattern), 8 B .. 4 MiB;
 - ``allreduce``: seconds of one ``MPI_Allreduce`` (float64 sum) of n bytes, 8 B .. 16 MiB:
   the library's own algorithm, which the model of ``MPI_Allreduce`` scales to more ranks;
+- ``library``: seconds of one call of each collective suite's ``mpi`` variant (allgather,
+  reduce_scatter, alltoall, bcast, reduce; `bench.library_tables`), 8 B .. 8 MiB: MPI's own
+  algorithms, which the models of those variants scale to more ranks;
 - ``overhead_s``: the Python path of one message, a ``Sendrecv`` to ``MPI.PROC_NULL``
   (argument handling, no transfer); ``call_s``: a hand-written allreduce of 8 B on
   ``MPI.COMM_SELF`` (the Python path of one call of `parallel.collectives`: checks, plan, copy).
@@ -41,6 +44,7 @@ import json
 import os
 import socket
 import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -48,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of, sleeping_barrier
+from bench.library_tables import SIZES as LIBRARY_SIZES, library_callers
 from bench.provenance import mpi_library
 from bench.stability import table_spread
 from bench.local_rates import FULL, QUICK, ROUNDS, check_suites, local_rates, measure_interleaved
@@ -65,6 +70,7 @@ class MessagePlan:
 
     sizes: tuple = tuple(PINGPONG_SIZES)
     stream_sizes: tuple = tuple(STREAM_SIZES)
+    library_sizes: tuple = LIBRARY_SIZES
     rounds: int = ROUNDS
     calls: tuple = (50, 10)
 
@@ -72,7 +78,8 @@ class MessagePlan:
 FULL_MESSAGES = MessagePlan()
 #: Every eighth size from 8 B and the two largest (the slope over 1-16 MiB needs two), one round.
 QUICK_MESSAGES = MessagePlan(sizes=tuple(PINGPONG_SIZES[:-2:3]) + tuple(PINGPONG_SIZES[-2:]),
-                             stream_sizes=tuple(STREAM_SIZES[::3]) + (STREAM_SIZES[-1],), rounds=1, calls=(10, 2))
+                             stream_sizes=tuple(STREAM_SIZES[::3]) + (STREAM_SIZES[-1],),
+                             library_sizes=LIBRARY_SIZES[::5], rounds=1, calls=(10, 2))
 
 
 def calibrate(comm, quick=False):
@@ -175,13 +182,16 @@ def _measure_pair(pair, plan):
     entries.update({("exchange", n): (_exchanger(pair, n), calls(n)) for n in plan.sizes})
     entries.update({("stream", n): (_windower(pair, n), calls(n, 5)) for n in plan.stream_sizes})
     entries.update({("allreduce", n): (_reducer(pair, n), calls(n)) for n in plan.sizes})
-    samples = {key: [] for key in entries}
-    for _ in range(plan.rounds):
-        for key, (function, calls) in entries.items():
-            samples[key].append(_mean_seconds(pair, function, calls))
+    with ExitStack() as stack:
+        entries.update({(f"library.{suite}", n): (function, calls(n)) for (suite, n), function in
+                        library_callers(pair, stack, plan.library_sizes).items()})
+        samples = {key: [] for key in entries}
+        for _ in range(plan.rounds):
+            for key, (function, count) in entries.items():
+                samples[key].append(_mean_seconds(pair, function, count))
     seconds = np.array([np.median(values) for values in samples.values()])
     pair.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-    tables = {"pingpong": [], "exchange": [], "stream": [], "allreduce": []}
+    tables = {name: [] for name, _ in entries}
     for (table, n), value in zip(entries, seconds.tolist()):
         tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1)])
     spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in samples.items()
@@ -192,8 +202,9 @@ def _measure_pair(pair, plan):
     large = [(n, t) for n, t in tables["pingpong"] if n >= SLOPE_FROM]
     beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
     alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
+    library = {name.split(".", 1)[1]: tables.pop(name) for name in list(tables) if name.startswith("library.")}
     return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
-                **tables, spread=spreads,
+                **tables, library=library, spread=spreads,
                 mpi_library=mpi_library(), host=socket.gethostname(),
                 timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

@@ -10,5 +10,5 @@ class AllgatherModel(CollectiveModel):
     algorithms = ALLGATHER_SCHEDULES
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Allgather(v) by `bench.models.terms`."""
-        return terms.allgather(calib, nbytes, ranks)
+        """MPI_Allgather(v): its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
+        return terms.library(calib, "allgather", nbytes, ranks, terms.allgather)

@@ -10,5 +10,5 @@ class AlltoallModel(CollectiveModel):
     algorithms = ALLTOALL_SCHEDULES
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Alltoall(v) by `bench.models.terms`."""
-        return terms.alltoall(calib, nbytes, ranks)
+        """MPI_Alltoall(v): its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
+        return terms.library(calib, "alltoall", nbytes, ranks, terms.alltoall)

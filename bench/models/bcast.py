@@ -15,5 +15,5 @@ class BcastModel(CollectiveModel):
         return size
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Bcast by `bench.models.terms`."""
-        return terms.bcast(calib, nbytes, ranks)
+        """MPI_Bcast: its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
+        return terms.library(calib, "bcast", nbytes, ranks, terms.bcast)

@@ -16,5 +16,5 @@ class ReduceModel(CollectiveModel):
         return size
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Reduce by `bench.models.terms`."""
-        return terms.reduce(calib, nbytes, ranks)
+        """MPI_Reduce: its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
+        return terms.library(calib, "reduce", nbytes, ranks, terms.reduce)

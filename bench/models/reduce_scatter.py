@@ -11,5 +11,5 @@ class ReduceScatterModel(CollectiveModel):
     reduces = True
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Reduce_scatter by `bench.models.terms`."""
-        return terms.reduce_scatter(calib, nbytes, ranks)
+        """MPI_Reduce_scatter: its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
+        return terms.library(calib, "reduce_scatter", nbytes, ranks, terms.reduce_scatter)

@@ -224,6 +224,20 @@ def _library_steps(calib, n, p):
     return fold + min(rounds * (exchange_wire(calib, n) + reduction(calib, n)), halves)
 
 
+def library(calib, suite, nbytes, ranks, formula):
+    """MPI's call of collective ``suite`` (`bench.library_tables.SUITES`) of ``nbytes`` on ``ranks`` ranks: its
+    calibrated time on two ranks (``library``), scaled to ``ranks`` as ``formula`` (MPI's algorithm in
+    calibrated messages, ``formula(calib, nbytes, p)``) grows from two ranks; ``formula`` itself on one rank
+    and for a calibration without the table."""
+    table = calib.get("library", {}).get(suite)
+    if not table or ranks == 1:
+        return formula(calib, nbytes, ranks)
+    measured = max(interpolate(table, max(nbytes, 1)) - calib["overhead_s"], 0.0)
+    base = formula(calib, nbytes, 2) - calib["overhead_s"]
+    growth = (formula(calib, nbytes, ranks) - calib["overhead_s"]) / base if base > 0 else 1.0
+    return calib["overhead_s"] + measured * growth
+
+
 def allgather(calib, nbytes, ranks):
     """MPI_Allgather of ``nbytes`` in all (n / p from each rank): p - 1 ring steps."""
     return calib["overhead_s"] + (ranks - 1) * exchange_wire(calib, nbytes / ranks) + (

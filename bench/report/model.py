@@ -28,6 +28,9 @@ KEYS = NUMBERS + TABLES
 #: Numbers and tables a calibration holds when its mlscale measured them (checked as `NUMBERS` and `TABLES`
 #: when present).
 OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
+#: MPI's collective calls timed on two ranks (`bench.library_tables`): checked when present (older files lack
+#: them), needing no other key; an inter-node file's replace the intra-node ones in projections.
+LIBRARY = "library"
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
@@ -66,7 +69,7 @@ def load_calibration(path):
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     busy = calib.get("busy")
-    checked = TABLES + tuple(key for key in OPTIONAL_TABLES if key in calib)
+    checked = TABLES + tuple(key for key in OPTIONAL_TABLES + (LIBRARY,) if key in calib)
     for name, table in [(key, calib[key]) for key in checked] + [
             (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy]:
         if not isinstance(table, (list, dict)) or not table:
@@ -109,15 +112,17 @@ def load_calibrations(paths):
     combined = dict(by_scope.get("intra-node") or by_scope["inter-node"])
     if "inter-node" in by_scope:
         inter = by_scope["inter-node"]
-        combined["inter"] = dict({key: inter[key] for key in MESSAGE_KEYS}, path=inter["path"],
-                                 unstable=inter["unstable"])
+        combined["inter"] = dict({key: inter[key] for key in MESSAGE_KEYS + (LIBRARY,) if key in inter},
+                                 path=inter["path"], unstable=inter["unstable"])
     return combined
 
 
 def for_projection(calib):
     """``(constants, note)``: the constants a projection uses (inter-node messages when given) and which."""
-    if "inter" in calib:
-        return dict(calib, **{key: calib["inter"][key] for key in MESSAGE_KEYS}), \
+    if "inter" in calib:    # MPI's calls measured inside the node do not project across nodes
+        constants = {key: value for key, value in calib.items() if key != LIBRARY}
+        return dict(constants, **{key: calib["inter"][key] for key in MESSAGE_KEYS + (LIBRARY,)
+                                  if key in calib["inter"]}), \
             f"inter-node message constants of {calib['inter']['path']}, compute rates of {_source(calib)}"
     return calib, f"{calib.get('scope', 'intra-node')} constants of {_source(calib)} (no inter-node calibration given)"
 

@@ -101,7 +101,8 @@ def test_the_mpi_library_has_no_nul_byte(monkeypatch):
 
 #: Smaller still than the quick plans (the test checks the tables' shapes, not their figures): both ends of
 #: each table, two sizes from 1 MiB on for the bandwidth slope, the suites' kernels on tiny inputs.
-TINY_MESSAGES = MessagePlan(sizes=(8, 1 << 20, 16 << 20), stream_sizes=(8, 4 << 20), rounds=1, calls=(2, 1))
+TINY_MESSAGES = MessagePlan(sizes=(8, 1 << 20, 16 << 20), stream_sizes=(8, 4 << 20), library_sizes=(8, 1 << 10),
+                            rounds=1, calls=(2, 1))
 TINY_RATES = RatesPlan(gemm_sizes=(32, 64), thin_rows=(2, 8), thin_side=64, local_sizes=(8, 1 << 10, 32 << 20),
                        dp_rows=(16, 64),
                        suite_points=(("conv", "forward", 16), ("conv", "forward_backward", 16),
@@ -127,6 +128,9 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert [n for n, _ in constants["pingpong"]] == [n for n, _ in constants["exchange"]] == sizes
     assert [n for n, _ in constants["allreduce"]] == sizes and sizes[0] == 8 and sizes[-1] == 16 << 20
     assert [n for n, _ in constants["stream"]] == list(QUICK_MESSAGES.stream_sizes)
+    assert set(constants["library"]) == {"allgather", "reduce_scatter", "alltoall", "bcast", "reduce"}
+    assert all([n for n, _ in table] == [8, 1 << 10] and min(t for _, t in table) > 0
+               for table in constants["library"].values())
     assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"] == list(QUICK.dp_rows)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_with_zero = comm.bcast(node.size, root=0)  # every rank of rank 0's node measures the busy rates
@@ -148,7 +152,8 @@ def test_the_quick_plans_keep_what_the_models_fit():
     for full, quick in ((FULL_MESSAGES.sizes, QUICK_MESSAGES.sizes), (FULL_MESSAGES.stream_sizes,
                         QUICK_MESSAGES.stream_sizes), (FULL.local_sizes, QUICK.local_sizes),
                         (FULL.gemm_sizes, QUICK.gemm_sizes), (FULL.dp_rows, QUICK.dp_rows),
-                        (FULL.thin_rows, QUICK.thin_rows)):
+                        (FULL.thin_rows, QUICK.thin_rows), (FULL_MESSAGES.library_sizes,
+                                                            QUICK_MESSAGES.library_sizes)):
         assert quick[0] == full[0] and set(quick) <= set(full) and list(quick) == sorted(set(quick))
     assert QUICK_MESSAGES.sizes[-1] == FULL_MESSAGES.sizes[-1] and QUICK.local_sizes[-1] == FULL.local_sizes[-1]
     assert sum(n >= SLOPE_FROM for n in QUICK_MESSAGES.sizes) >= 2

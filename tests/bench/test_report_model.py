@@ -44,6 +44,19 @@ def test_intra_and_inter_node_files_combine_and_projections_use_the_inter_node_m
         f"intra-node constants of {intra} (no inter-node calibration given)"
 
 
+def test_projections_take_mpis_calls_measured_across_nodes_or_none(tmp_path):
+    library = {"bcast": [[8, 1e-6], [1 << 20, 1e-4]]}
+    intra = _write(tmp_path, "intra.json", dict(CALIB, library=library))
+    inter = dict(calibration(alpha=5e-5, beta=1e-9), scope="inter-node")
+    combined = load_calibrations([intra, _write(tmp_path, "inter.json", inter)])
+    assert combined["library"] == library and "library" not in for_projection(combined)[0]
+    across = {"bcast": [[8, 9e-6], [1 << 20, 9e-4]]}
+    combined = load_calibrations([intra, _write(tmp_path, "inter2.json", dict(inter, library=across))])
+    assert for_projection(combined)[0]["library"] == across
+    with pytest.raises(InputError, match='library must hold numbers only, got "slow"'):
+        load_calibration(_write(tmp_path, "bad.json", dict(CALIB, library={"bcast": [[8, "slow"]]})))
+
+
 def test_two_files_of_one_scope_are_refused(tmp_path):
     first, second = _write(tmp_path, "a.json", CALIB), _write(tmp_path, "b.json", CALIB)
     with pytest.raises(InputError, match="both intra-node calibrations"):

@@ -56,6 +56,21 @@ def test_a_thin_product_runs_at_the_calibrated_thin_rate_and_a_square_one_as_bef
     assert 0.5 < between < 1.0
 
 
+@pytest.mark.parametrize("suite", ["allgather", "reduce_scatter", "alltoall", "bcast", "reduce"])
+def test_mpis_collective_is_its_calibrated_call_on_two_ranks_grown_as_its_algorithm(suite):
+    calib, n = calibration(), 1 << 16
+    formula = getattr(terms, suite)
+    model = get_model(suite)
+    assert model.library(calib, n, 4) == pytest.approx(formula(calib, n, 4))    # no table: the formula
+    calib["library"] = {suite: [[8, 5e-6], [1 << 20, 1e-3]]}
+    measured = 5e-6 + (1e-3 - 5e-6) * (n - 8) / ((1 << 20) - 8)
+    assert model.library(calib, n, 2) == pytest.approx(measured)
+    overhead = calib["overhead_s"]
+    growth = (formula(calib, n, 4) - overhead) / (formula(calib, n, 2) - overhead)
+    assert growth > 1 and model.library(calib, n, 4) == pytest.approx(overhead + (measured - overhead) * growth)
+    assert model.library(calib, n, 1) == pytest.approx(formula(calib, n, 1))
+
+
 def test_ranks_sharing_the_node_pay_what_sharing_cost_in_the_calibration():
     calib = calibration(rate=1e10, cores=2)
     calib["busy"] = dict(ranks=2, threads=1, gemm={"float64": [5e9] * 6}, reduce=[[1, 1.0], [BIG, 1.0]],
