@@ -6,10 +6,11 @@ all-to-all, broadcast and reduce each get a table of seconds per call on two ran
 broadcast of 128 KiB takes 3.6 messages' time here, a reduce-scatter of 8 B two allreduces'), so
 the models of the ``mpi`` variants scale these measured calls to more ranks
 (`bench.models.terms.library`) rather than add up calibrated messages. Each call is the suite's own
-``run`` (float64, the environment's ``MLSCALE_COLL_*`` settings), so it takes the Python path a
-sweep's point takes.
+``run`` (float64, its default settings: out of place, sum, root 0, whatever ``MLSCALE_COLL_*`` says), so it
+takes the Python path a sweep's point takes.
 """
-from bench.registry import get_case
+from bench.registry import case_class
+from bench.settings import resolve
 from kernels.backend import get_backend
 
 SUITES = ("allgather", "reduce_scatter", "alltoall", "bcast", "reduce")
@@ -19,13 +20,14 @@ SIZES = tuple(8 << 2 * k for k in range(11))
 
 def library_callers(pair, stack, sizes=SIZES):
     """``{(suite, n): run}``: one call of each of `SUITES`' ``mpi`` variant on the communicator ``pair`` at
-    ``n`` bytes of float64, set up now and torn down when the ``contextlib.ExitStack`` ``stack`` closes.
+    ``n`` bytes of float64 with the suite's default settings, set up now and torn down when the ``contextlib.ExitStack`` ``stack`` closes.
 
     Collective over ``pair`` (each setup draws the suite's data; no messages until a call)."""
     backend = get_backend("numpy", pair)
     callers = {}
     for suite in SUITES:
-        case = get_case(suite)
+        kind = case_class(suite)
+        case = kind(resolve(kind.declared_settings, (), {}, suite))    # defaults, not the environment's
         for n in sizes:
             state = case.setup(pair, n, "mpi", backend, "float64")
             stack.callback(case.teardown, state)

@@ -115,6 +115,8 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI_VERSION)
     monkeypatch.setattr(calibration, "QUICK_MESSAGES", TINY_MESSAGES)
     monkeypatch.setattr(calibration, "QUICK", TINY_RATES)
+    monkeypatch.setenv("MLSCALE_COLL_ROOT", "7")        # MPI's collectives are timed at their defaults,
+    monkeypatch.setenv("MLSCALE_COLL_IN_PLACE", "1")    # whatever the suites' settings say
     QUICK_MESSAGES, QUICK = TINY_MESSAGES, TINY_RATES  # what the tables below hold
     constants = calibrate(comm, quick=True)
     assert constants["mpi_library"] == OPEN_MPI_VERSION[:-1] and constants["quick"] is True
