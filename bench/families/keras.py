@@ -96,8 +96,9 @@ def keras_model(model, input_shape, dtype, threads=1):
 
     Raises `InputError` for a layer it cannot convert.
     """
-    from parallel.nn.conv import Conv2d, MaxPool2d
+    from parallel.nn.conv import Conv2d
     from parallel.nn.layers import Flatten, Linear, ReLU
+    from parallel.nn.pooling import MaxPool2d
 
     keras = _tensorflow(threads).keras
     shape = tuple(input_shape)

@@ -19,8 +19,9 @@ flops for the suites' models).
 """
 import math
 
-from parallel.nn.conv import Conv2d, MaxPool2d, output_size
+from parallel.nn.conv import Conv2d, output_size
 from parallel.nn.layers import Flatten, Linear, Sequential
+from parallel.nn.pooling import MaxPool2d
 
 
 def dense(rows, inputs, outputs, input_gradient=True):

@@ -1,8 +1,9 @@
-"""Convolution and pooling layers for NCHW images: channels-last inside, patches in cache-sized chunks.
+"""The convolution layer for NCHW images: channels-last inside, patches in cache-sized chunks.
 
 Same contract as `parallel.nn.layers` (``forward`` keeps what backward needs,
 ``backward`` writes the gradients in place and returns ``dx``). Images are NCHW
-by shape, ``(batch, channels, height, width)``, but the layers keep their results
+by shape, ``(batch, channels, height, width)``, but this layer and max pooling
+(`parallel.nn.pooling`) keep their results
 channels-last in memory (NHWC arrays returned as transposed views, as PyTorch's
 ``channels_last`` format): a convolution's GEMM then writes its output in place,
 ``(images * pixels, channels)``, with no transpose, and the next layer reads it
@@ -13,25 +14,40 @@ The convolution works on chunks of images whose patch matrix has at most
 GEMM and the scatter of the input gradient stay in the core's cache; backward
 builds each chunk's patches again from the kept input (a strided copy, cheaper
 than keeping and re-reading the whole patch matrix from memory). With one input
-channel (a network's first layer on grey images) the patches are the opposite
-case: ``kh * kw`` values per pixel in ``kh * kw`` strided copies of whole image
-rows, slower to rebuild than to re-read, so forward builds the whole batch's patch
-matrix once (a new array per forward, so a pipeline's micro-batches each keep
-their own) and backward reads it back.
+channel (a network's first layer on grey images) the workspace holds the
+transposed patch matrix, so the copy runs along image rows, and the thin GEMMs
+(``n k`` = 250 or 288) are cut into row blocks that OpenBLAS's small-matrix
+kernels take (`row_blocks`): 2-3x faster than one long product.
+
+On the host a layer splits its batch over the rank's threads
+(`parallel.nn.threads.host_threads`, `parallel.nn.threads.split_over_threads`): each
+part runs its own chunks, with its own workspaces and one BLAS thread, and backward
+adds the parts' sums of the weight and bias gradients; one thread (or too little
+work), one part.
 
 Every function computes with the array module of its inputs
 (`kernels.backend.array_module`), so images and weights on a device stay there
-(``lib.stride_tricks.sliding_window_view``, ``matmul`` with ``out``, ``copyto``
-with ``where``: NumPy and CuPy alike).
+(``lib.stride_tricks.sliding_window_view``, ``matmul`` with ``out``: NumPy and
+CuPy alike).
 """
+import math
+
 import numpy as np
 
 from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.nn.layers import Layer, he_normal
+from parallel.nn.threads import GEMM_SPEEDUP, host_threads, split_over_threads
 
-#: Entries of one chunk's patch matrix: 1 MiB in float32, within a core's L2 cache.
-CHUNK_ELEMENTS = 1 << 18
+#: Entries of one chunk's patch matrix: 2 MiB in float32, a core's L2 cache here (measured best of 2**17-2**20 on both CNNs).
+CHUNK_ELEMENTS = 1 << 19
+
+#: Largest ``m n k`` of a GEMM that OpenBLAS runs on its small-matrix kernels (SkylakeX), with no packing:
+#: 2-3x faster on a first layer's thin products (``n k`` = 250 or 288), so those are cut into row blocks.
+SMALL_GEMM = 10 ** 6
+
+#: Fewest rows of such a block: products wider than ``SMALL_GEMM / THIN_ROWS`` are left whole.
+THIN_ROWS = 1024
 
 
 def channels_last(x):
@@ -44,6 +60,28 @@ def output_size(size, kernel, stride):
     return (size - kernel) // stride + 1
 
 
+def patch_windows(x, kernel, stride):
+    """The patches of an NHWC array as a view ``(n, ho, wo, kh, kw, c)`` (no padding, no copy).
+
+    Entry ``[i, p, q]`` is the window of image ``i`` at ``(p * stride, q * stride)``;
+    ``ho = (h - kh) // stride + 1``. `copy_patches` writes chunks of it into a matrix.
+    """
+    windows = array_module(x).lib.stride_tricks.sliding_window_view(x, kernel, axis=(1, 2))
+    return windows[:, ::stride, ::stride].transpose(0, 1, 2, 4, 5, 3)
+
+
+def copy_patches(windows, out):
+    """Copy the `patch_windows` view ``windows`` ``(n, ho, wo, kh, kw, c)`` into the matrix ``out``
+    ``(n * ho * wo, kh * kw * c)``, C-ordered or the transpose of a C-ordered one (a view of a
+    workspace); return ``out``. One strided copy: its inner loop runs over ``kw * c`` contiguous
+    elements (C-ordered) or along image rows (transposed)."""
+    shape = windows.shape
+    target = (out.reshape(shape) if out.flags.c_contiguous
+              else out.T.reshape(shape[3:] + shape[:3]).transpose(3, 4, 5, 0, 1, 2))
+    target[...] = windows
+    return out
+
+
 def im2col(x, kernel, stride, out=None):
     """Write the patches of an NHWC array into the rows of a matrix (no padding); return it.
 
@@ -51,19 +89,12 @@ def im2col(x, kernel, stride, out=None):
     ``(n * ho * wo, kh * kw * c)``: row ``(i, p, q)`` is the window of image ``i`` at
     ``(p * stride, q * stride)`` in ``(kh, kw, c)`` order, ``ho = (h - kh) // stride + 1``.
     ``out`` (optional) is a matrix of that shape to fill, e.g. a view of a workspace, C-ordered
-    or the transpose of a C-ordered one.
-    One strided copy: its inner loop runs over ``kw * c`` contiguous elements.
+    or the transpose of a C-ordered one (`copy_patches`).
     """
-    xp = array_module(x)
-    windows = xp.lib.stride_tricks.sliding_window_view(x, kernel, axis=(1, 2))[:, ::stride, ::stride]
-    n, out_h, out_w, channels = windows.shape[:4]
+    windows = patch_windows(x, kernel, stride)
     if out is None:
-        out = xp.empty((n * out_h * out_w, kernel[0] * kernel[1] * channels), x.dtype)
-    shape = (n, out_h, out_w, kernel[0], kernel[1], channels)
-    target = (out.reshape(shape) if out.flags.c_contiguous
-              else out.T.reshape(shape[3:] + shape[:3]).transpose(3, 4, 5, 0, 1, 2))
-    target[...] = windows.transpose(0, 1, 2, 4, 5, 3)
-    return out
+        out = array_module(x).empty((math.prod(windows.shape[:3]), math.prod(windows.shape[3:])), x.dtype)
+    return copy_patches(windows, out)
 
 
 def col2im_slabs(slabs, dx, kernel, stride):
@@ -82,11 +113,20 @@ def col2im_slabs(slabs, dx, kernel, stride):
                 slabs[i * kernel[1] + j].reshape(n, out_h, out_w, channels)
 
 
-def image_chunks(images, per_image):
-    """``(start, stop)`` ranges of images whose patch matrices of ``per_image`` entries each fill at most
-    `CHUNK_ELEMENTS` (at least one image per chunk)."""
+def row_blocks(xp, rows, width):
+    """``(start, stop)`` blocks of ``rows`` rows for GEMMs whose other two sizes multiply to ``width``: blocks
+    of at most `SMALL_GEMM` ``m n k`` on the host when that leaves at least `THIN_ROWS` rows, else one."""
+    step = SMALL_GEMM // max(width, 1)
+    if xp is not np or step < THIN_ROWS:
+        return [(0, rows)]
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def image_chunks(start, stop, per_image):
+    """``(start, stop)`` ranges of the images ``[start, stop)`` whose patch matrices of ``per_image`` entries
+    each fill at most `CHUNK_ELEMENTS` (at least one image per chunk)."""
     step = max(1, CHUNK_ELEMENTS // max(per_image, 1))
-    return [(start, min(start + step, images)) for start in range(0, images, step)]
+    return [(first, min(first + step, stop)) for first in range(start, stop, step)]
 
 
 class Conv2d(Layer):
@@ -128,7 +168,7 @@ class Conv2d(Layer):
         fan_in = in_channels * self.kernel[0] * self.kernel[1]
         self._set_params(weight=he_normal(rng, (out_channels, in_channels) + self.kernel, fan_in, dtype),
                          bias=np.zeros(out_channels, dtype=dtype))
-        self._workspace = self._slab_space = self._cols = None
+        self._workspaces, self._slab_spaces = [], []
 
     def _padded_input(self, x):
         """The input as a zero-padded NHWC array (the input's own memory when no copy is needed)."""
@@ -140,36 +180,43 @@ class Conv2d(Layer):
         padded[:, pad:pad + x.shape[2], pad:pad + x.shape[3]] = x.transpose(0, 2, 3, 1)
         return padded
 
-    def _chunks(self):
-        """Image ranges of the chunks of the kept input, its output pixels per image and patch length
-        (one chunk of the whole batch with one input channel: its patches are kept)."""
-        n, height, width, channels = self._x.shape
-        out_h, out_w = (output_size(size, k, self.stride) for size, k in zip((height, width), self.kernel))
-        patch = self.kernel[0] * self.kernel[1] * channels
-        if channels == 1:
-            return [(0, n)], out_h * out_w, patch
-        chunks = image_chunks(n, out_h * out_w * patch)
-        self._reserve("_workspace", (chunks[0][1] - chunks[0][0]) * out_h * out_w * patch)
-        return chunks, out_h * out_w, patch
+    def _geometry(self):
+        """Output pixels per image of the kept input and its patch length."""
+        out_h, out_w = (output_size(size, k, self.stride) for size, k in zip(self._x.shape[1:3], self.kernel))
+        return out_h * out_w, self.kernel[0] * self.kernel[1] * self._x.shape[3]
 
-    def _reserve(self, name, size):
-        """Keep a flat workspace of at least ``size`` elements of the layer's dtype in attribute ``name``."""
-        space = getattr(self, name)
+    def _reserve(self, spaces, part, size):
+        """Flat workspace ``part`` of the list ``spaces`` (one per thread's part), at least ``size`` elements."""
+        space = spaces[part]
         if space is None or space.size < size or space.dtype != self.dtype:
-            setattr(self, name, array_module(self._x).empty(size, self.dtype))
+            spaces[part] = space = array_module(self._x).empty(size, self.dtype)
+        return space
 
-    def _patches(self, start, stop, pixels, patch):
-        """The patch matrix ``(rows, patch)`` of images ``[start, stop)`` of the kept input, in the workspace.
+    def _patches(self, part, windows, start, stop, pixels, patch):
+        """The patch matrix ``(rows, patch)`` of images ``[start, stop)`` of the kept input, built from its
+        `patch_windows` in part ``part``'s workspace.
 
-        With one input channel it is the whole batch's, built by forward and kept (``_cols``),
-        as the transpose of a C-ordered array (each kernel offset's pixels contiguous: the
-        copy runs along image rows, not ``kw``-long runs); the GEMMs read either through
-        BLAS's transpose flag.
+        With one input channel (a network's first layer on grey images) the workspace holds its
+        transpose, C-ordered (each kernel offset's pixels contiguous: the copy runs along image
+        rows, not ``kw``-long runs); the GEMMs read either through BLAS's transpose flag.
         """
-        if self._x.shape[3] == 1:
-            return self._cols
-        space = self._workspace[:(stop - start) * pixels * patch]
-        return im2col(self._x[start:stop], self.kernel, self.stride, out=space.reshape(-1, patch))
+        size = (stop - start) * pixels * patch
+        space = self._reserve(self._workspaces, part, size)[:size]
+        matrix = space.reshape(patch, -1).T if self._x.shape[3] == 1 else space.reshape(-1, patch)
+        return copy_patches(windows[start:stop], matrix)
+
+    def _work(self, products):
+        """The work of ``products`` GEMMs over the kept input's patch matrix and as many builds of it
+        (`parallel.nn.threads.split_over_threads`' unit)."""
+        pixels, patch = self._geometry()
+        entries = len(self._x) * pixels * patch
+        return products * (entries + entries * self.params["weight"].shape[0] // GEMM_SPEEDUP)
+
+    def _parts(self, threads):
+        """Make room for one workspace per part of ``threads``; return ``threads``."""
+        for spaces in (self._workspaces, self._slab_spaces):
+            spaces += [None] * (threads - len(spaces))
+        return threads
 
     def forward(self, x):
         weight = self.params["weight"]
@@ -181,105 +228,64 @@ class Conv2d(Layer):
             raise InputError(f"Conv2d: expected input (batch, {weight.shape[1]}, h, w) with padded h, w "
                              f">= kernel {self.kernel}, got {x.shape} and padding {pad}")
         self._x = self._padded_input(x)
-        chunks, pixels, patch = self._chunks()
-        if x.shape[1] == 1:
-            self._cols = im2col(self._x, self.kernel, self.stride, out=xp.empty((patch, x.shape[0] * pixels),
-                                                                                self.dtype).T)
+        pixels, patch = self._geometry()
         out_h, out_w = (output_size(size, k, self.stride) for size, k in zip(self._x.shape[1:3], self.kernel))
         y = xp.empty((x.shape[0], out_h, out_w, weight.shape[0]), self.dtype)
         rows = y.reshape(-1, weight.shape[0])
         matrix = weight.transpose(0, 2, 3, 1).reshape(weight.shape[0], patch).T
         bias = xp.tile(self.params["bias"], pixels)
-        for start, stop in chunks:
-            out = rows[start * pixels:stop * pixels]
-            xp.matmul(self._patches(start, stop, pixels, patch), matrix, out=out)
-            out.reshape(stop - start, -1)[...] += bias
+        windows = patch_windows(self._x, self.kernel, self.stride)
+
+        def correlate(part, start, stop):
+            for first, last in image_chunks(start, stop, pixels * patch):
+                out, cols = rows[first * pixels:last * pixels], self._patches(part, windows, first, last, pixels, patch)
+                for low, high in row_blocks(xp, len(out), matrix.size):
+                    xp.matmul(cols[low:high], matrix, out=out[low:high])
+                out.reshape(last - first, -1)[...] += bias
+
+        split_over_threads(x.shape[0], correlate, self._parts(host_threads(x)), self._work(1), blas=True)
         return y.transpose(0, 3, 1, 2)
 
     def backward(self, dy):
         weight = self.params["weight"]
         xp = array_module(dy)
-        out_channels = weight.shape[0]
+        out_channels, in_channels = weight.shape[:2]
         dy_rows = channels_last(xp.asarray(dy, dtype=self.dtype)).reshape(-1, out_channels)
-        chunks, pixels, patch = self._chunks()
-        dweight = xp.empty((out_channels, patch), self.dtype)
-        part = xp.empty_like(dweight)
+        pixels, patch = self._geometry()
+        windows = patch_windows(self._x, self.kernel, self.stride)
         if self.input_gradient:
-            offsets = xp.ascontiguousarray(weight.transpose(2, 3, 0, 1)).reshape(-1, out_channels, weight.shape[1])
-            dx = xp.zeros_like(self._x)
-            self._reserve("_slab_space", offsets.shape[0] * chunks[0][1] * pixels * weight.shape[1])
-        for start, stop in chunks:
-            rows = dy_rows[start * pixels:stop * pixels]
-            cols = self._patches(start, stop, pixels, patch)
-            if cols.flags.c_contiguous:
-                xp.matmul(rows.T, cols, out=part if start else dweight)
-            else:    # a transposed workspace: the GEMM is faster with it on the left, dW^T = cols^T dY
-                xp.matmul(cols.T, rows, out=(part if start else dweight).T)
-            if start:
-                dweight += part
+            offsets = xp.ascontiguousarray(weight.transpose(2, 3, 0, 1)).reshape(-1, out_channels, in_channels)
+            dx = xp.empty_like(self._x)
+
+        def gradients(part, start, stop):
+            """This part's sums of ``dWm`` and of ``db`` by pixel; its images' ``dXpad``."""
+            dweight, product = xp.zeros((out_channels, patch), self.dtype), xp.empty((out_channels, patch), self.dtype)
             if self.input_gradient:
-                chunk_slabs = self._slab_space[:offsets.shape[0] * rows.size // out_channels * weight.shape[1]].reshape(
-                    offsets.shape[0], rows.shape[0], weight.shape[1])
-                if weight.shape[1] == 1:    # one channel: one GEMM writes every offset's row of pixels
-                    xp.matmul(offsets[:, :, 0], rows.T, out=chunk_slabs[:, :, 0])
-                else:
-                    xp.matmul(rows, offsets, out=chunk_slabs)
-                col2im_slabs(chunk_slabs, dx[start:stop], self.kernel, self.stride)
+                dx[start:stop] = 0
+            for first, last in image_chunks(start, stop, pixels * patch):
+                rows = dy_rows[first * pixels:last * pixels]
+                cols = self._patches(part, windows, first, last, pixels, patch)
+                for low, high in row_blocks(xp, len(rows), product.size):
+                    xp.matmul(rows[low:high].T, cols[low:high], out=product)
+                    dweight += product
+                if self.input_gradient:
+                    size = offsets.shape[0] * len(rows) * in_channels
+                    slabs = self._reserve(self._slab_spaces, part, size)[:size].reshape(offsets.shape[0], len(rows),
+                                                                                       in_channels)
+                    if in_channels == 1:    # one channel: one GEMM writes every offset's row of pixels
+                        xp.matmul(offsets[:, :, 0], rows.T, out=slabs[:, :, 0])
+                    else:
+                        xp.matmul(rows, offsets, out=slabs)
+                    col2im_slabs(slabs, dx[first:last], self.kernel, self.stride)
+            return dweight, dy_rows[start * pixels:stop * pixels].reshape(-1, pixels * out_channels).sum(axis=0)
+
+        parts = split_over_threads(len(self._x), gradients, self._parts(host_threads(dy)),
+                                   self._work(2 + self.input_gradient), blas=True)
+        dweight, dbias = (sum(values[1:], values[0]) for values in zip(*parts))
         self.grads["weight"][...] = dweight.reshape(out_channels, self.kernel[0], self.kernel[1], -1).transpose(
             0, 3, 1, 2)
-        dy_rows.reshape(-1, pixels * out_channels).sum(axis=0).reshape(pixels, out_channels).sum(
-            axis=0, out=self.grads["bias"])
+        dbias.reshape(pixels, out_channels).sum(axis=0, out=self.grads["bias"])
         if not self.input_gradient:
             return None
         pad = self.padding
         return dx[:, pad:dx.shape[1] - pad, pad:dx.shape[2] - pad].transpose(0, 3, 1, 2)
-
-
-class MaxPool2d(Layer):
-    """Max pooling over non-overlapping ``k x k`` windows (kernel = stride) of NCHW images.
-
-    Rows and columns that do not fill a whole window are dropped (output size
-    ``h // k``). Computed channels-last, one elementwise pass per window offset
-    (``k * k`` strided views of the input), keeping the offset of each window's
-    maximum (the first one on ties). Backward routes each output gradient to that
-    position; all other inputs get zero (also where ``dy`` is NaN elsewhere in the
-    window). The result is NHWC memory viewed as NCHW, like `Conv2d`'s.
-    """
-
-    def __init__(self, kernel_size):
-        super().__init__()
-        if kernel_size < 1:
-            raise InputError(f"MaxPool2d: kernel_size must be >= 1, got {kernel_size}")
-        self.k = kernel_size
-
-    def forward(self, x):
-        if x.ndim != 4 or min(x.shape[2:]) < self.k:
-            raise InputError(f"MaxPool2d: expected NCHW input with h, w >= {self.k}, got {x.shape}")
-        xp = array_module(x)
-        self._x_shape = x.shape
-        k, image = self.k, channels_last(x)
-        out_h, out_w = x.shape[2] // k, x.shape[3] // k
-        views = [image[:, i:out_h * k:k, j:out_w * k:k] for i in range(k) for j in range(k)]
-        out = xp.ascontiguousarray(views[0])
-        # The offsets grow, so the last one to beat the running maximum is the first maximum.
-        self._argmax = xp.zeros(out.shape, np.uint8)
-        for offset, view in enumerate(views[1:], 1):
-            xp.maximum(self._argmax, (view > out).view(np.uint8) * np.uint8(offset), out=self._argmax)
-            xp.maximum(out, view, out=out)
-        return out.transpose(0, 3, 1, 2)
-
-    def backward(self, dy):
-        xp = array_module(dy)
-        n, channels, height, width = self._x_shape
-        k, (out_h, out_w) = self.k, dy.shape[2:]
-        dy = dy.transpose(0, 2, 3, 1)
-        crop = (out_h * k, out_w * k) != (height, width)
-        dx = (xp.zeros if crop else xp.empty)((n, height, width, channels), dy.dtype)
-        finite = bool(xp.isfinite(dy).all())
-        for offset in range(k * k):
-            view, mine = dx[:, offset // k:out_h * k:k, offset % k:out_w * k:k], self._argmax == offset
-            if finite:    # a product by the mask is several times faster than where
-                xp.multiply(dy, mine, out=view)
-            else:         # 0 * nan is nan: route a non-finite gradient to its maximum only
-                view[...] = xp.where(mine, dy, xp.zeros((), dy.dtype))
-        return dx.transpose(0, 3, 1, 2)

@@ -13,8 +13,9 @@ import numpy as np
 
 from kernels.backend import array_module
 from kernels.errors import InputError
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential
+from parallel.nn.pooling import MaxPool2d
 
 
 def mlp(sizes, seed=0, dtype=np.float32):

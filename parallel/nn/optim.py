@@ -9,12 +9,25 @@ segment): the same elementwise update on ``1/N`` of the parameters, the state
 sharded with them.
 
 The state lives where the parameters do (device arrays for a model moved with
-`parallel.nn.layers.Layer.to`); every update is array arithmetic in place.
+`parallel.nn.layers.Layer.to`); every update is array arithmetic in place: a chain
+of ufuncs writing into one scratch array per pair (no temporaries; not state, so
+``state_arrays`` leaves it out), on the host over `parallel.nn.threads.host_threads`
+parts of a long vector.
 """
+import functools
 import math
 
 from kernels.backend import array_module
 from kernels.errors import InputError
+from parallel.nn.threads import host_threads, split_over_threads
+
+
+def _in_parts(update, passes, param, *others):
+    """Run ``update(param, *others)`` on parts of their rows (the same rows of each; None stays None), split
+    over `host_threads` by the work of ``passes`` elementwise passes over ``param``."""
+    rows = [None if array is None else array.reshape(1) if array.ndim == 0 else array for array in (param,) + others]
+    split_over_threads(len(rows[0]), lambda part, start, stop: update(
+        *(None if array is None else array[start:stop] for array in rows)), host_threads(param), passes * param.size)
 
 
 class SGD:
@@ -47,17 +60,25 @@ class SGD:
         self.pairs = list(pairs)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.velocities = [array_module(param).zeros_like(param) for param, _ in self.pairs] if momentum else None
+        self._scratch = [array_module(param).empty_like(param) for param, _ in self.pairs]
 
     def step(self):
         """Apply one update to every parameter from its current gradient."""
-        for index, (param, grad) in enumerate(self.pairs):
-            direction = grad + self.weight_decay * param if self.weight_decay else grad
-            if self.momentum:
-                velocity = self.velocities[index]
-                velocity *= self.momentum
-                velocity += direction
-                direction = velocity
-            param -= self.lr * direction
+        for (param, grad), velocity, scratch in zip(self.pairs, self.velocities or [None] * len(self.pairs),
+                                                    self._scratch):
+            _in_parts(self._update, 4, param, grad, velocity, scratch)
+
+    def _update(self, param, grad, velocity, out):
+        """The update of one part: ``out`` its scratch."""
+        xp, direction = array_module(param), grad
+        if self.weight_decay:
+            xp.multiply(param, self.weight_decay, out=out)
+            direction = xp.add(grad, out, out=out)
+        if velocity is not None:
+            velocity *= self.momentum
+            velocity += direction
+            direction = velocity
+        param -= xp.multiply(direction, self.lr, out=out)
 
     def state_arrays(self):
         """The state vectors (velocities; none without momentum)."""
@@ -105,25 +126,34 @@ class Adam:
         self.lr, self.beta1, self.beta2, self.eps, self.weight_decay = lr, beta1, beta2, eps, weight_decay
         self.first = [array_module(param).zeros_like(param) for param, _ in self.pairs]
         self.second = [array_module(param).zeros_like(param) for param, _ in self.pairs]
+        self._scratch = [array_module(param).empty_like(param) for param, _ in self.pairs]
         self.steps = 0
 
     def step(self):
         """Apply one update to every parameter from its current gradient."""
         self.steps += 1
-        first_correction = 1 - self.beta1 ** self.steps
-        root_second_correction = math.sqrt(1 - self.beta2 ** self.steps)
-        for (param, grad), first, second in zip(self.pairs, self.first, self.second):
-            if self.weight_decay:
-                grad = grad + self.weight_decay * param
-            first *= self.beta1
-            first += (1 - self.beta1) * grad
-            second *= self.beta2
-            second += (1 - self.beta2) * (grad * grad)
-            # lr m_hat / (sqrt(v_hat) + eps) = (lr / c1) m / (sqrt(v) / sqrt(c2) + eps)
-            denominator = array_module(second).sqrt(second)
-            denominator /= root_second_correction
-            denominator += self.eps
-            param -= (self.lr / first_correction) * first / denominator
+        # lr m_hat / (sqrt(v_hat) + eps) = (lr / c1) m / (sqrt(v) / sqrt(c2) + eps)
+        update = functools.partial(self._update, self.lr / (1 - self.beta1 ** self.steps),
+                                   math.sqrt(1 - self.beta2 ** self.steps))
+        for (param, grad), first, second, scratch in zip(self.pairs, self.first, self.second, self._scratch):
+            _in_parts(update, 12, param, grad, first, second, scratch)
+
+    def _update(self, step_size, root_second_correction, param, grad, first, second, out):
+        """The update of one part: ``out`` its scratch; ``step_size`` is ``lr / c1``."""
+        xp = array_module(param)
+        if self.weight_decay:
+            grad = grad + self.weight_decay * param
+        first *= self.beta1
+        first += xp.multiply(grad, 1 - self.beta1, out=out)
+        second *= self.beta2
+        xp.multiply(grad, grad, out=out)
+        out *= 1 - self.beta2
+        second += out
+        xp.sqrt(second, out=out)
+        out /= root_second_correction
+        out += self.eps
+        xp.divide(first, out, out=out)
+        param -= xp.multiply(out, step_size, out=out)
 
     def state_arrays(self):
         """The state vectors (both moments of every pair)."""

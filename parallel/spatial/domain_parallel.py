@@ -23,8 +23,9 @@ from kernels.backend import array_module
 from kernels.errors import InputError
 from parallel.spatial.halo_conv import HaloConv2d
 from parallel.spatial.halo_exchange import DEFAULT_PACKING
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Layer, ReLU, Sequential
+from parallel.nn.pooling import MaxPool2d
 from parallel.spatial.tile_layout import TileLayout
 
 

@@ -4,10 +4,11 @@ import pytest
 
 from bench.families import keras as reference
 from kernels.errors import InputError
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Layer, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.nn.models import keras_cnn, mnist_cnn, mnist_mlp, train_step
 from parallel.nn.optim import SGD, Adam
+from parallel.nn.pooling import MaxPool2d
 
 pytestmark = [pytest.mark.skipif(reference.unavailable_reason() is not None, reason=reference.MISSING),
               pytest.mark.xdist_group("tensorflow")]  # one worker imports TensorFlow (seconds) for them all

@@ -4,8 +4,9 @@ import math
 import numpy as np
 
 from bench.models import flops
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential
+from parallel.nn.pooling import MaxPool2d
 
 
 def _counted_step(model, x):

@@ -7,10 +7,11 @@ from kernels.datasets import load_digits, train_test_split
 from kernels.errors import InputError
 from parallel.data.data_parallel import ALLREDUCE_CHOICES, DataParallelTrainer, shard
 from parallel.data.gradient_wire import bfloat16_bits, bfloat16_values, bucket_bounds
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.nn.models import accuracy, mlp, train_step
 from parallel.nn.optim import SGD, Adam
+from parallel.nn.pooling import MaxPool2d
 
 #: Global batch sizes of the steps: not divisible by 2, 3 or 4, and one smaller than 4 ranks.
 STEP_BATCHES = (7, 3, 10)

@@ -8,10 +8,11 @@ from kernels.errors import InputError
 from parallel.data.data_parallel import DataParallelTrainer, shard
 from parallel.data.gradient_wire import bfloat16_bits, bfloat16_values, round_to_bfloat16
 from parallel.data.mixed_precision import ComputeFormat, LossScaler, default_scaler
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.nn.models import mlp
 from parallel.nn.optim import SGD, Adam
+from parallel.nn.pooling import MaxPool2d
 
 #: Gradient tolerances against float32: ||g16 - g32|| <= TOLERANCE ||g32|| over the whole gradient vector
 #: (float16 keeps 11 significant bits, bfloat16 8; measured at most 2e-3 and 6e-2). A norm, not the largest

@@ -7,8 +7,9 @@ from scipy.special import log_softmax
 from kernels.errors import InputError
 from mpitools import combination
 from parallel.nn import conv
-from parallel.nn.conv import Conv2d, MaxPool2d, col2im_slabs, im2col
+from parallel.nn.conv import Conv2d, col2im_slabs, im2col
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
+from parallel.nn.pooling import MaxPool2d
 
 TOLERANCE = 1e-6
 
@@ -112,9 +113,12 @@ def test_conv2d_matches_naive_loops(kernel, stride, padding):
 
 
 def test_conv2d_gradients_in_chunks_and_odd_shapes(monkeypatch):
-    """Many chunks with a short last one, one input channel (the transposed workspace), batch 1,
-    one-pixel images, a 1x1 kernel; without the input gradient the same parameter gradients."""
+    """Many chunks with a short last one, GEMMs cut into row blocks (a short last one too), one input
+    channel (the transposed workspace), batch 1, one-pixel images, a 1x1 kernel; without the input
+    gradient the same parameter gradients."""
     monkeypatch.setattr(conv, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(conv, "SMALL_GEMM", 60)
+    monkeypatch.setattr(conv, "THIN_ROWS", 2)
     for channels, out_channels, kernel, stride, padding, shape in [
             (1, 3, 3, 1, 0, (5, 1, 6, 5)), (3, 2, (2, 3), 2, 1, (3, 3, 5, 6)), (2, 3, 3, 1, 1, (1, 2, 1, 1)),
             (5, 1, 1, 1, 0, (2, 5, 1, 1)), (1, 2, 2, 3, 2, (1, 1, 4, 3))]:
@@ -161,6 +165,11 @@ def test_maxpool_crops_and_routes_a_non_finite_gradient_to_its_maximum_only():
 def as_slabs(cols, kernel, channels):
     """A patch matrix's columns regrouped by kernel offset: ``(kh * kw, rows, c)``, as `col2im_slabs` takes them."""
     return cols.reshape(len(cols), kernel[0] * kernel[1], channels).transpose(1, 0, 2)
+
+
+def test_row_blocks_cut_only_thin_products_on_the_host():
+    assert conv.row_blocks(np, 5000, 250) == [(0, 4000), (4000, 5000)]
+    assert conv.row_blocks(np, 5000, 5000) == [(0, 5000)] and conv.row_blocks(np, 0, 250) == []
 
 
 def test_col2im_slabs_is_the_adjoint_of_im2col():

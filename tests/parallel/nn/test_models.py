@@ -4,11 +4,12 @@ import pytest
 
 from kernels.datasets import load_digits, load_mnist_sample, train_test_split
 from kernels.errors import InputError
-from parallel.nn.conv import Conv2d, MaxPool2d
+from parallel.nn.conv import Conv2d
 from parallel.nn.layers import Flatten, Linear, ReLU, Sequential, softmax_cross_entropy
 from parallel.nn.models import (accuracy, flat_storage, flatten_arrays, forward_backward, keras_cnn, mlp, mnist_cnn,
                              mnist_mlp, train_step, unflatten_vector)
 from parallel.nn.optim import SGD, Adam
+from parallel.nn.pooling import MaxPool2d
 
 
 def test_sgd_momentum_and_weight_decay_by_hand():

@@ -6,10 +6,11 @@ import pytest
 from kernels.errors import InputError
 from parallel.nn.attention import (attention_backward, attention_forward, blockwise_attention_backward,
                                    blockwise_attention_forward, check_qkv, output_delta)
-from parallel.nn.conv import Conv2d, MaxPool2d, col2im_slabs, im2col
+from parallel.nn.conv import Conv2d, col2im_slabs, im2col
 from parallel.nn.layers import softmax_cross_entropy
 from parallel.nn.models import accuracy, flat_storage, keras_cnn, mlp, mnist_cnn, predict, train_step
 from parallel.nn.optim import SGD, Adam
+from parallel.nn.pooling import MaxPool2d
 
 MODELS = {
     "mlp": (lambda: mlp((12, 7, 5, 4), seed=3, dtype=np.float64), (5, 12), 4),
