@@ -57,7 +57,8 @@ def mnist_cnn(seed=0, dtype=np.float32):
     return Sequential([
         Conv2d(1, 10, 5, rng=rng, dtype=dtype, input_gradient=False), MaxPool2d(2), ReLU(),
         Conv2d(10, 20, 5, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
-        Flatten(), Linear(320, 50, rng=rng, dtype=dtype), ReLU(), Linear(50, 10, rng=rng, dtype=dtype),
+        Flatten(), Linear(320, 50, rng=rng, dtype=dtype, host_split=True), ReLU(),
+        Linear(50, 10, rng=rng, dtype=dtype, host_split=True),
     ])
 
 
@@ -76,7 +77,8 @@ def keras_cnn(seed=0, dtype=np.float32):
         Conv2d(1, 32, 3, rng=rng, dtype=dtype, input_gradient=False), MaxPool2d(2), ReLU(),
         Conv2d(32, 64, 3, rng=rng, dtype=dtype), MaxPool2d(2), ReLU(),
         Conv2d(64, 64, 3, rng=rng, dtype=dtype), ReLU(),
-        Flatten(), Linear(576, 64, rng=rng, dtype=dtype), ReLU(), Linear(64, 10, rng=rng, dtype=dtype),
+        Flatten(), Linear(576, 64, rng=rng, dtype=dtype, host_split=True), ReLU(),
+        Linear(64, 10, rng=rng, dtype=dtype, host_split=True),
     ])
 
 

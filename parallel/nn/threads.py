@@ -6,9 +6,10 @@ caller sets with ``threadpool_limits``; at one
 thread (and on a device) nothing is split and no pool is started. `split_over_threads`
 runs the parts, one on the calling thread, the others on a pool of worker threads
 (NumPy's copies, ufuncs and BLAS release the GIL), with BLAS limited to one thread
-meanwhile, so that ``threads`` cores are busy, never more; a layer's GEMMs run on one
-BLAS thread whenever it has more than one thread, split or not (OpenBLAS's threads
-spin for about 0.1 s after a call and would halve the pool's next parts).
+meanwhile, so that ``threads`` cores are busy, never more; a convolution's GEMMs run on
+one BLAS thread whenever it has more than one thread, split or not (OpenBLAS's threads
+spin for about 0.1 s after a call and would halve the pool's next parts). A Linear layer
+does so only with ``host_split`` (a CNN's dense layers); an MLP's keep BLAS's own threads.
 """
 from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache

@@ -1,5 +1,6 @@
 """The layers' and optimisers' host threads: the parts, the BLAS limit meanwhile, and the same numbers on
 1, 2 and 3 threads (uneven parts, more threads than images)."""
+import itertools
 import threading
 
 import numpy as np
@@ -8,7 +9,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from mpitools import combination
 from parallel.nn import threads as layer_threads
-from parallel.nn.layers import softmax_cross_entropy
+from parallel.nn.layers import Linear, softmax_cross_entropy
 from parallel.nn.threads import host_threads, split_over_threads
 from parallel.nn.models import flat_storage, keras_cnn, mnist_cnn, train_step
 from parallel.nn.optim import SGD, Adam
@@ -91,3 +92,22 @@ def test_training_steps_give_the_same_numbers_on_any_thread_count(monkeypatch, d
                         np.testing.assert_allclose(params, reference, rtol=rtol, atol=rtol * abs(reference).max())
                         np.testing.assert_allclose(grads, reference_grads, rtol=rtol,
                                                    atol=rtol * abs(reference_grads).max())
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 37])
+def test_linear_writes_every_gradient_on_any_thread_count(monkeypatch, rows):
+    """Whole or split over the host threads (``host_split``): also for no rows (dW = 0) and more threads than rows;
+    stale gradients never survive."""
+    monkeypatch.setattr(layer_threads, "WORK_PER_THREAD", 4)
+    rng = np.random.default_rng(rows)
+    for threads, host_split in itertools.product((1, 2, 3), (False, True)):
+        with threadpool_limits(threads):
+            layer = Linear(7, 5, rng=1, dtype=np.float64, host_split=host_split)
+            for grad in layer.grads.values():
+                grad[...] = np.nan
+            x, dy = rng.random((rows, 7)), rng.random((rows, 5))
+            layer.forward(x)
+            dx = layer.backward(dy)
+            np.testing.assert_allclose(layer.grads["weight"], x.T @ dy, atol=1e-12)
+            np.testing.assert_allclose(layer.grads["bias"], dy.sum(axis=0), atol=1e-12)
+            np.testing.assert_allclose(dx, dy @ layer.params["weight"].T, atol=1e-12)
