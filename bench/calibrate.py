@@ -61,6 +61,8 @@ from kernels.errors import InputError
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
 STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
 SLOPE_FROM = 1 << 20
+#: Smallest seconds per byte recorded for a slope (beta, gamma): 1 PB/s, a floor no machine reaches.
+MIN_SLOPE = 1e-15
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ def _measure_pair(pair, plan):
     if pair.rank != 0:
         return None
     large = [(n, t) for n, t in tables["pingpong"] if n >= SLOPE_FROM]
-    beta = float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0])
+    # > 0 whatever the samples (a slope measured flat or falling on an oversubscribed node; its table's spread says so)
+    beta = max(float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0]), MIN_SLOPE)
     alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
     library = {name.split(".", 1)[1]: tables.pop(name) for name in list(tables) if name.startswith("library.")}
     return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
@@ -317,7 +320,7 @@ def _alone_rates(cores, plan):
                                            for i, (rows, t) in enumerate(table)]
                                    for dtype, table in one["dp_step"].items()},
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=one["kernel_rows"],
-                gamma_s_per_byte=(t1 - t0) / (n1 - n0), memcpy_bytes_per_s=largest / seconds,
+                gamma_s_per_byte=max((t1 - t0) / (n1 - n0), MIN_SLOPE), memcpy_bytes_per_s=largest / seconds,
                 gemm_sizes=list(plan.gemm_sizes), gemm_flops_per_s=one["gemm"]["float64"][-1],
                 dp_rows=list(plan.dp_rows),
                 spread=dict(one_thread=one["spread"], **(dict(all_cores=every["spread"]) if cores > 1 else {})))
