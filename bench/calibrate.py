@@ -29,7 +29,7 @@ steps, memory tables, kernel rows) are measured twice:
 
 - on rank 0 alone (the other ranks sleep), with one BLAS thread and with one per core:
   recorded as ``[one thread, all cores]`` pairs (``cores`` says how many; the memory
-  tables and ``kernel_rows`` with one thread only). ``gamma_s_per_byte`` is the
+  tables with one thread only). ``gamma_s_per_byte`` is the
   large-size slope of ``reduce``, ``memcpy_bytes_per_s`` the rate of its largest copy;
 - under ``busy``, on every rank of rank 0's node at once, each with ``threads`` =
   cores // ``ranks`` BLAS threads (as a sweep's ranks share the node's cores and memory
@@ -319,7 +319,7 @@ def _alone_rates(cores, plan):
                 **suites, dp_step={dtype: [[rows, [t, every["dp_step"][dtype][i][1]]]
                                            for i, (rows, t) in enumerate(table)]
                                    for dtype, table in one["dp_step"].items()},
-                reduce=one["reduce"], copy=one["copy"], kernel_rows=one["kernel_rows"],
+                reduce=one["reduce"], copy=one["copy"], kernel_rows=[one["kernel_rows"], every["kernel_rows"]],
                 gamma_s_per_byte=max((t1 - t0) / (n1 - n0), MIN_SLOPE), memcpy_bytes_per_s=largest / seconds,
                 gemm_sizes=list(plan.gemm_sizes), gemm_flops_per_s=one["gemm"]["float64"][-1],
                 dp_rows=list(plan.dp_rows),

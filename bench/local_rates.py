@@ -23,7 +23,9 @@ sweep do).
   8 B .. 32 MiB (`LOCAL_SIZES`);
 - ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64, one row of
   `KERNEL_COLUMNS` entries at a time, as Dis-SMO computes them (one row per working-set index; a
-  block of rows runs several times faster per entry: a GEMM, not a GEMV);
+  block of rows runs several times faster per entry: a GEMM, not a GEMV), `KERNEL_ROWS` rows in turn
+  over the same samples, which stay in the cache between rows as they do in a solve (the first
+  after the other tables comes from memory; measured cold, a row took 2-2.5x as long here);
 - ``spread``: each table's `bench.stability.table_spread` over the rounds (None in one round).
 
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
@@ -50,7 +52,7 @@ DTYPES = ("float32", "float64")
 SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
 #: Batch sizes of the calibrated ``dp`` steps (variant ``mpi`` on one rank).
 DP_ROWS = (16, 64, 256)
-KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 1
+KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 16
 ROUNDS, LEAST_S = 3, 0.01
 
 
@@ -228,5 +230,5 @@ def _kernel_block():
     X = np.random.default_rng(0).random((KERNEL_COLUMNS, KERNEL_DIM))
     kernel = make_kernel("rbf", X)
     norms = squared_norms(X)
-    rows = X[:KERNEL_ROWS]
-    return lambda: kernel.block(rows, X, norms)
+    rows = [X[i:i + 1] for i in range(KERNEL_ROWS)]
+    return lambda: [kernel.block(row, X, norms) for row in rows]

@@ -28,7 +28,8 @@ params: dataset, n_features, n_test, n_sv, n_iter (SMO iterations; cascade: pass
 bytes_sent (max over ranks, convention of `svm.distributed.common`), predict_s,
 reference_accuracy, accuracy_gap (the serial reference's test accuracy minus
 this variant's, in percentage points: positive = worse than serial), tolerance,
-mismatches (dis_smo).
+mismatches and kernel_rows (dis_smo: the kernel rows each rank computed, its cache's misses, which
+the cost model counts).
 
 Backends: numpy and cupy. On a device the training and test sets are loaded on
 the host (same seeds) and moved once in setup; every variant but ``sklearn``
@@ -157,6 +158,8 @@ def _evaluate(state):
         figures = dict(accuracy=float((predictions == state.y_test).mean()), n_sv=int(len(model.support_)),
                        n_iter=int(np.sum(model.n_iter_)), predict_s=predict_s,
                        bytes_sent=0 if serial else model.bytes_sent_)
+        if hasattr(model, "kernel_rows_"):
+            figures["kernel_rows"] = int(model.kernel_rows_)
     if serial:
         figures = comm.bcast(figures, root=0)
     else:

@@ -34,6 +34,9 @@ DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
 #: the second-order gain in six passes, a candidate of four payloads, the Allreduce) about 25, update (the pair
 #: step's scalar arithmetic, alpha and the index sets of two samples, the row of j, three passes on F) about 30.
 ITERATION_CALLS = 70
+#: Calls of one kernel row computed (`svm.solver.gram.Kernel.block` for RBF: the product, the norms, five
+#: in-place passes, the cache's insertion).
+ROW_CALLS = 10
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
 _SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
 _PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
@@ -60,9 +63,10 @@ class SVMModel(Model):
         """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
         follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
         small ``Allreduce`` with a Python reduction op, about 70 NumPy and Python calls (`ITERATION_CALLS`)
-        and four passes over a rank's
-        n / p gradient entries; every kernel row computed once over the rank's n / p columns at the
-        calibrated RBF rate (scaled by ``n_features`` / 784); the final gathers. None for the other
+        and four passes over a rank's n / p gradient entries; the kernel rows the fit computed
+        (``kernel_rows`` in params, its cache's misses; a file without them: every row the iterations could
+        touch, at most n) over the rank's n / p columns at the calibrated rate (`terms.kernel_rows`, scaled
+        by ``n_features`` / 784), `ROW_CALLS` calls each; the final gathers. None for the other
         variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
         function of the constants, so a model would only restate the measurement."""
         params = calib.get("point_params") or {}
@@ -71,8 +75,10 @@ class SVMModel(Model):
         iterations, local = int(params["n_iter"]), size / ranks
         step = 2 * (terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, ITERATION_CALLS) + \
             4 * terms.copy(calib, 8 * local)
-        rows = min(size, 2 * iterations) * local / calib["kernel_rows"] * params.get("n_features", 784) / 784
-        return iterations * step + rows + terms.allgather(calib, 8 * size, ranks)
+        computed = params.get("kernel_rows") or min(size, 2 * iterations)
+        row = local / terms.kernel_rows(calib, ranks) * params.get("n_features", 784) / 784 + \
+            terms.calls(calib, ROW_CALLS)
+        return iterations * step + computed * row + terms.allgather(calib, 8 * size, ranks)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The whole data set in float64 on every rank (the loaded set, its split copies; for an

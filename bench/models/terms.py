@@ -127,6 +127,16 @@ def _square_rate(calib, side, ranks):
     return interpolate(rates, min(side, calib["gemm_sizes"][-1]))  # no slope beyond the table
 
 
+def kernel_rows(calib, ranks):
+    """RBF kernel entries per second (784 features, one row at a time) on one of ``ranks`` ranks: the
+    calibrated ``[one thread, all cores]`` pair at the rank's threads (an older file's one number as it is),
+    scaled by what sharing the node cost (``busy``) on two or more ranks."""
+    rate, shared = calib["kernel_rows"], _shared(calib, ranks)
+    if not isinstance(rate, list):
+        return rate
+    return _rate(calib, rate, ranks, shared.get("kernel_rows") if shared else None)
+
+
 def thin_efficiency(calib, aspect, ranks):
     """The rate of a product whose smallest side is ``aspect`` times the cube root of its work, over the square
     rate of equal work: piecewise linear in ``aspect`` through the calibrated thin products

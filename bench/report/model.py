@@ -20,11 +20,13 @@ from kernels.errors import InputError
 
 #: Positive numbers every calibration holds.
 NUMBERS = ("alpha_s", "beta_s_per_byte", "overhead_s", "call_s", "gamma_s_per_byte", "memcpy_bytes_per_s",
-           "gemm_flops_per_s", "kernel_rows", "cores")
+           "gemm_flops_per_s", "cores")
+#: Rates a calibration holds as ``[one thread, all cores]``, or as one number (one thread: older files).
+RATES = ("kernel_rows",)
 #: Tables and rate maps (see `bench.calibrate`).
 TABLES = ("pingpong", "exchange", "stream", "allreduce", "reduce", "copy", "gemm", "gemm_sizes", "conv", "attention",
           "dp_step")
-KEYS = NUMBERS + TABLES
+KEYS = NUMBERS + RATES + TABLES
 #: Numbers and tables a calibration holds when its mlscale measured them (checked as `NUMBERS` and `TABLES`
 #: when present).
 OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
@@ -41,7 +43,7 @@ def load_calibration(path):
 
     Raises `InputError` naming ``path`` when it cannot be read or parsed, is not a
     JSON object, lacks one of `KEYS` (an older file: re-run calibrate), holds a
-    constant of `NUMBERS` that is not a finite number > 0, a table (of `TABLES`, also
+    constant of `NUMBERS` (or a rate of `RATES`) that is not a finite number > 0, a table (of `TABLES`, also
     under ``busy``) that is not a non-empty list or object of finite numbers (nested
     lists and objects, none empty), some but not all of `OPTIONAL_NUMBERS` and
     `OPTIONAL_TABLES` (checked as those), or names an unknown ``scope``. Records in ``unstable`` the names of its
@@ -64,8 +66,8 @@ def load_calibration(path):
     if optional and len(optional) < len(OPTIONAL_NUMBERS + OPTIONAL_TABLES):
         absent = next(key for key in OPTIONAL_NUMBERS + OPTIONAL_TABLES if key not in calib)
         raise InputError(f"{path}: {optional[0]} needs {absent} beside it; run mlscale calibrate")
-    for key in NUMBERS + tuple(key for key in OPTIONAL_NUMBERS if key in calib):
-        value = calib[key]
+    for key, value in [(key, calib[key]) for key in NUMBERS + tuple(key for key in OPTIONAL_NUMBERS if key in calib)] + \
+            [(key, rate) for key in RATES for rate in (calib[key] if isinstance(calib[key], list) and calib[key] else [calib[key]])]:
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     busy = calib.get("busy")

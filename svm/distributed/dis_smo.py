@@ -165,7 +165,8 @@ class _BlockSolver:
         bias = bias_from_parts([free_sum, n_free, m, M])
         alpha = xp.empty(len(self.y))
         allgather_blocks(self.comm, self.alpha, alpha, block_counts(len(self.y), self.comm.size))
-        return SMOResult(alpha, float(bias), n_iter, 0.5 * float(objective_twice), m - M, m - M < self.tol)
+        return SMOResult(alpha, float(bias), n_iter, 0.5 * float(objective_twice), m - M, m - M < self.tol,
+                         self.cache.misses)
 
 
 def dis_smo_solve(comm, X, y, kernel, C=1.0, tol=1e-3, cache_bytes=DEFAULT_CACHE_BYTES, max_iter=None):
@@ -224,7 +225,8 @@ class DisSMO(ParallelSVC):
 
     Attributes
     ----------
-    As `ParallelSVC`; ``n_iter_`` counts SMO pair updates.
+    As `ParallelSVC`; ``n_iter_`` counts SMO pair updates, ``kernel_rows_`` the kernel rows each rank
+    computed (of its ``n / p`` columns; the cache's misses, the same on every rank).
     """
 
     _PARAMS = ParallelSVC._PARAMS + ("cache_bytes", "max_iter")
@@ -239,5 +241,6 @@ class DisSMO(ParallelSVC):
         comm, X, signs = self._begin_fit(X, y, self.max_iter)
         result = dis_smo_solve(comm, X, signs, self.kernel_, self.C, self.tol, self.cache_bytes, self.max_iter)
         support = array_module(X).flatnonzero(result.alpha)
+        self.kernel_rows_ = result.kernel_rows
         return self._end_fit(comm, support, X[support], (result.alpha * signs)[support], result.bias,
                              result.objective, result.n_iter)

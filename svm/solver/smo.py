@@ -52,6 +52,9 @@ class SMOResult:
         Final KKT gap ``m(a) - M(a)``.
     converged : bool
         Whether ``gap < tol`` was reached before ``max_iter``.
+    kernel_rows : int
+        Misses of the kernel-row cache (`svm.solver.gram.KernelRowCache`): the rows computed on demand,
+        on each rank for the distributed solvers (what their cost models count).
     """
 
     alpha: np.ndarray
@@ -60,6 +63,7 @@ class SMOResult:
     objective: float
     gap: float
     converged: bool
+    kernel_rows: int = 0
 
 
 def check_samples(X, name="X"):
@@ -241,7 +245,8 @@ class _Solver:
         alpha, F, y = self.alpha, self.F, self.y
         parts = bias_parts(F, alpha, y, self.C)
         objective = 0.5 * float(alpha @ (-y * F - 1.0))
-        return SMOResult(alpha, bias_from_parts(parts), n_iter, objective, parts[2] - parts[3], converged)
+        return SMOResult(alpha, bias_from_parts(parts), n_iter, objective, parts[2] - parts[3], converged,
+                         self.cache.misses)
 
 
 def smo_solve(X, y, kernel, C=1.0, tol=1e-3, alpha0=None, cache_bytes=DEFAULT_CACHE_BYTES,

@@ -14,7 +14,7 @@ def calibration(alpha=2e-6, beta=1e-10, gamma=5e-11, overhead=1e-7, copy=1.25e-1
     rates = [[rate] * 6, [2 * rate] * 6]
     return {"alpha_s": alpha, "beta_s_per_byte": beta or 1e-30, "overhead_s": overhead,
             "gamma_s_per_byte": gamma or 1e-30, "memcpy_bytes_per_s": 1 / (copy or 1e-30), "gemm_flops_per_s": rate,
-            "kernel_rows": 1e7, "cores": cores, "pingpong": line(overhead + alpha, beta),
+            "kernel_rows": [1e7, 2e7], "cores": cores, "pingpong": line(overhead + alpha, beta),
             "exchange": line(overhead + alpha, beta), "stream": line(overhead + alpha, beta),
             "allreduce": line(overhead + alpha, beta), "call_s": overhead,
             "dp_step": {"float64": [[32, [1e-3, 1e-3]], [256, [4e-3, 4e-3]]]},

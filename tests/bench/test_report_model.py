@@ -26,6 +26,11 @@ def test_an_older_calibration_asks_to_run_calibrate_again(tmp_path):
     assert path in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_file_with_one_kernel_row_rate_still_loads(tmp_path):
+    """Files written before the rate was measured on all cores hold one number (one thread)."""
+    assert load_calibration(_write(tmp_path, "one.json", dict(CALIB, kernel_rows=4e6)))["kernel_rows"] == 4e6
+
+
 def test_an_unknown_scope_is_refused(tmp_path):
     with pytest.raises(InputError, match="scope must be one of intra-node, inter-node"):
         load_calibration(_write(tmp_path, "c.json", dict(CALIB, scope="rack")))

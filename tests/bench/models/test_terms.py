@@ -80,6 +80,23 @@ def test_ranks_sharing_the_node_pay_what_sharing_cost_in_the_calibration():
     assert terms.reduction(calib, 8) < 1e-6 and terms.reduction(dict(calib, point_ranks=2), 8) == 1.0
 
 
+def test_kernel_rows_follow_threads_sharing_and_an_older_files_one_number():
+    calib = calibration(cores=2)  # kernel_rows [1e7, 2e7]
+    assert terms.kernel_rows(calib, 1) == pytest.approx(2e7) and terms.kernel_rows(calib, 2) == pytest.approx(1e7)
+    calib["busy"] = dict(ranks=2, threads=1, kernel_rows=4e6, copy=calib["copy"], reduce=calib["reduce"])
+    assert terms.kernel_rows(calib, 2) == pytest.approx(4e6) and terms.kernel_rows(calib, 1) == pytest.approx(2e7)
+    assert terms.kernel_rows(dict(calib, kernel_rows=3e6), 2) == 3e6
+
+
+def test_dis_smo_prices_the_rows_its_cache_computed():
+    calib = dict(LATENCY_ONLY, kernel_rows=[1e6, 1e6], reduce=[[1, 0.0], [BIG, 0.0]])  # calls and passes free
+
+    def predict(**params):
+        return get_model("svm").predict("dis_smo", 1000, 2, dict(calib, point_params=dict(SVM_POINT, **params)))
+    assert predict(kernel_rows=17) - predict(kernel_rows=7) == pytest.approx(10 * 500 / 1e6)  # n / p columns each
+    assert predict() == pytest.approx(predict(kernel_rows=20))  # a file without them: two rows per iteration
+
+
 def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
     calib = calibration(cores=1)
     calib["dp_step"] = {"float64": [[10, [0.5 + 3 * 10] * 2], [100, [0.5 + 3 * 100] * 2]]}

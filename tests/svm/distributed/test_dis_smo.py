@@ -86,6 +86,10 @@ def test_estimator_is_the_serial_smo_model_on_every_rank(comm):
     assert np.mean(model.predict(X_test) == serial.predict(X_test)) >= 0.95
     assert same_on_every_rank(comm, decision)
     assert (model.bytes_sent_ > 0) == (comm.size > 1)
+    assert 1 <= model.kernel_rows_ <= min(117, 2 * model.n_iter_)  # each row computed once: the cache holds all
+    assert comm.allgather(model.kernel_rows_) == [model.kernel_rows_] * comm.size
+    uncached = DisSMO(C=2.0, gamma=0.2, comm=comm, cache_bytes=0).fit(X_train, y_train)
+    assert uncached.n_iter_ == model.n_iter_ and uncached.kernel_rows_ == 2 * model.n_iter_  # rows of i and j
 
 
 def test_estimator_input_errors():
