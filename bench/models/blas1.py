@@ -1,12 +1,22 @@
 """Model of suite ``blas1`` (`bench.cases.blas1`): dot, nrm2 and axpy on block vectors."""
+import math
+
 import numpy as np
 
-from bench.models.blas import LIBRARY_REFERENCE, BlasModel, Cost
+from bench.models import terms
+from bench.models.blas import LIBRARY_REFERENCE, WORD, BlasModel, Cost
 from bench.models.terms import log2_ceil
+from kernels.errors import InputError
 
 #: Entries of the seeded vectors the check of dot and nrm2 sums at a time.
 CHECK_CHUNK = 1 << 20
 VARIANTS = ("numpy_dot", "numpy_nrm2", "numpy_axpy", "dot", "nrm2", "axpy")
+#: Python and NumPy calls of one run, in units of `terms.calls`: the kernels' block and dtype checks, timing
+#: contexts, partial-sum buffers, casts and result scalar (`kernels.blas1`; one run of each at 8 entries took
+#: 4-5, 6-9 and 15 us here, 5, 8 and 17 calls of 0.86 us), the library calls' own (1.7-2.2 us).
+CALLS = {"numpy_dot": 2, "numpy_nrm2": 3, "numpy_axpy": 3, "dot": 8, "nrm2": 17, "axpy": 5}
+#: Bytes of each ``MPI_Allreduce`` a kernel makes (`kernels.blas1`).
+ALLREDUCE_BYTES = {"dot": (16,), "nrm2": (24, 8)}
 
 
 class Blas1Model(BlasModel):
@@ -26,6 +36,25 @@ class Blas1Model(BlasModel):
                 "numpy_axpy": Cost(0, 0, 2 * n, 3 * n), "dot": Cost(rounds, 2 * rounds, 2 * n / p, 2 * n / p),
                 "nrm2": Cost(2 * rounds, 4 * rounds, 3 * n / p, 3 * n / p),
                 "axpy": Cost(0, 0, 2 * n / p, 3 * n / p)}[variant]
+
+    def predict(self, variant, size, ranks, calib):
+        """The run's calls (`CALLS`), its ``MPI_Allreduce`` (`ALLREDUCE_BYTES`, `terms.allreduce`) and its
+        passes over a rank's block of ``B = 8 ceil(n / p)`` bytes as NumPy makes them, each priced as the
+        copy that touches as many bytes (a read of two blocks took a copy's time here): dot reads x and y
+        (a copy of B), nrm2 reads x three times (three copies of B / 2: x stays in the cache where it fits;
+        ``numpy.linalg.norm`` once), axpy writes ``a x`` into a temporary (a copy of B), then adds it to y in place (a
+        reduction of B). None when ``variant`` cannot run on ``ranks`` ranks."""
+        try:
+            self.check_ranks(ranks, variant)
+        except InputError:
+            return None
+        block = WORD * math.ceil(size / ranks)
+        passes = {"dot": terms.copy(calib, block), "numpy_dot": terms.copy(calib, block),
+                  "nrm2": 3 * terms.copy(calib, block / 2), "numpy_nrm2": terms.copy(calib, block / 2),
+                  "axpy": terms.copy(calib, block) + terms.reduction(calib, block)}
+        passes["numpy_axpy"] = passes["axpy"]
+        reduces = sum(terms.allreduce(calib, nbytes, ranks) for nbytes in ALLREDUCE_BYTES.get(variant, ()))
+        return terms.calls(calib, CALLS[variant]) + reduces + passes[variant]
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """x and y blocks of ``ceil(n / p)`` entries (each drawn through a copy); the check
