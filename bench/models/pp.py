@@ -61,8 +61,12 @@ class PipelineModel(Model):
     def predict(self, variant, size, ranks, calib):
         """MLP with ``layers`` balance: the busiest stage's Linear layers (`terms.dense_layers`) on one
         micro-batch of n / m samples, `terms.pipeline` of it (``m + p - 1`` slots for gpipe and 1f1b,
-        ``m`` for PipeDream's steady state, an activation message each way per micro-batch), and the SGD
-        update of the stage. None for the CNN and the other balances (stage times not modelled)."""
+        ``m`` for PipeDream's steady state, an activation message each way per micro-batch), and the
+        passes over the stage's B parameter bytes as `parallel.pipeline` makes them: gpipe and 1f1b add
+        each micro-batch's gradient to the step's sum (a reduction of B), zero the sum and copy it out once
+        a step, then one SGD update (``lr g`` into scratch, a copy of B; ``w -=`` it, a reduction of B);
+        PipeDream updates after every micro-batch and, on several stages, stashes a copy of the weights
+        first. None for the CNN and the other balances (stage times not modelled)."""
         if self.network != "mlp" or self.balance_on(ranks) != "layers" or size % self.micro_batches:
             return None
         try:
@@ -73,10 +77,15 @@ class PipelineModel(Model):
         linears = max(sum(1 for index in range(*block_range(self.layer_count(), ranks, rank)) if index % 2 == 0)
                       for rank in range(ranks))  # layers alternate Linear, ReLU
         forward, backward = terms.dense_layers(calib, (self.width, self.width), rows, ranks)
+        stage_bytes = linears * (self.width + 1) * self.width * item
+        update = terms.copy(calib, stage_bytes) + terms.reduction(calib, stage_bytes)  # SGD: lr g, then w -= it
         stage = linears * (forward + backward)
-        update = terms.reduction(calib, linears * (self.width + 1) * self.width * item)
-        return terms.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks,
-                              flush=variant != PIPEDREAM) + update
+        if variant == PIPEDREAM:  # an update per micro-batch, and a stashed copy of the weights it overwrites
+            stage += update + (terms.copy(calib, stage_bytes) if ranks > 1 else 0.0)
+            return terms.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks, flush=False)
+        stage += terms.reduction(calib, stage_bytes)  # the micro-batch's gradient added to the step's sum
+        step = terms.copy(calib, stage_bytes / 2) + terms.copy(calib, stage_bytes) + update  # zero, copy out, SGD
+        return terms.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks) + step
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The whole model with gradients (every rank builds it, then keeps its stage and a copy of it),
