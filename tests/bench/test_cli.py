@@ -131,16 +131,17 @@ def test_report_gives_the_reference_ratio_and_no_speedup_for_a_collective(tmp_pa
 
 
 def test_calibrate_then_report_with_model_and_projection(tmp_path):
-    """The full calibration (the tests' only one), between two "nodes" (MPICH's cliques): its messages measured
-    between them, its tables' spreads judged (every one unstable at --max-spread 1e-9, written by --force)."""
+    """A quick calibration between two "nodes" (MPICH's cliques): its messages measured between them, rank 0's
+    rates alone (a full one, three rounds of every size, takes 11 s here and is never run by the tests: the
+    spreads of real rounds are checked on tiny plans in test_harness_mpi, their judgement in
+    test_calibration_stability)."""
     calib = str(tmp_path / "calib.json")
-    status, out, err = mlscale("calibrate", "--out", calib, "--max-spread", "1e-9", "--force",
-                               MPIR_CVAR_NUM_CLIQUES="2")
+    status, out, err = mlscale("calibrate", "--quick", "--out", calib, MPIR_CVAR_NUM_CLIQUES="2")
     assert status == 0, err
-    assert out.splitlines()[-1].startswith("calibrate (inter-node): ") and "# unstable: calibration table " in out
+    assert out.splitlines()[-1].startswith("calibrate (inter-node, quick): ")
     constants = json.loads(open(calib).read())
     assert constants["scope"] == "inter-node" and "busy" not in constants  # rank 0's node holds one rank
-    assert all(constants["spread"][table] > 1e-9 for table in ("pingpong", "exchange", "stream", "allreduce"))
+    assert constants["quick"] is True and constants["max_spread"] == 0.25
     path = str(tmp_path / "a.csv")
     assert mlscale("sweep", "gemv", "--np", "2", "--ranks", "1,2", "--sizes", "256", "--iters", "2",
                    "--variants", "rows,cols", "--max-spread", "1e9", "--csv", path)[0] == 0  # stable on a busy node
@@ -149,7 +150,6 @@ def test_calibrate_then_report_with_model_and_projection(tmp_path):
     assert status == 0, err
     assert "report: gemv model error at >= 2 ranks: median " in out
     assert f"report: projection to 64, 1024 ranks uses inter-node message constants of {calib}" in out
-    assert f"report: warning: unstable calibration tables in {calib} (pingpong, " in err  # warnings: stderr
     projected = rows_of(str(tmp_path / "rep" / "projection.csv"))
     assert {r["ranks"] for r in projected} == {"64", "1024"}
     status, _, err = mlscale("report", path, "--project", "64")
