@@ -4,7 +4,8 @@ import pytest
 from mpi4py import MPI
 
 from bench import calibrate as calibration
-from bench.calibrate import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan, calibrate
+from bench.calibrate import calibrate
+from bench.message_tables import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan
 from bench.local_rates import FULL, QUICK, RatesPlan
 from bench.provenance import mpi_library, placement
 from bench.report.model import KEYS
@@ -171,7 +172,7 @@ def test_a_failure_of_rank_zero_measuring_alone_is_raised_on_every_rank(comm, mo
     def fails_alone(cores, plan):
         raise ZeroDivisionError("on purpose")
 
-    monkeypatch.setattr(module, "_measure_pair", lambda pair, plan: {} if pair.rank == 0 else None)
+    monkeypatch.setattr(module, "measure_pair", lambda pair, plan: {} if pair.rank == 0 else None)
     monkeypatch.setattr(module, "local_rates", lambda threads, comm=None, plan=None: {})
     monkeypatch.setattr(module, "_alone_rates", fails_alone)
     with pytest.raises(RankError, match="^rank 0: ZeroDivisionError: on purpose$"):
