@@ -14,6 +14,7 @@ compute rates (and the exchange, window and ``dp`` step tables) existed lacks `K
 """
 import json
 import math
+from datetime import datetime
 
 from bench.stability import MAX_SPREAD, unstable_tables
 from kernels.errors import InputError
@@ -36,6 +37,8 @@ LIBRARY = "library"
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
+#: Seconds between a calibration and the farthest point it prices beyond which the report names the gap.
+APART_SECONDS = 3600
 
 
 def load_calibration(path):
@@ -97,6 +100,37 @@ def unstable_note(calib):
         return None
     return (f"report: warning: unstable calibration tables in {'; '.join(parts)}: the predictions resting on them "
             f"are as unsteady (run mlscale calibrate again on a quieter node)")
+
+
+def provenance_note(calib, rows):
+    """The report's note when the calibration ``calib`` (its intra-node file, else its only one) was measured on
+    a host none of the results ``rows`` ran on (their ``host``), or more than `APART_SECONDS` from the farthest
+    of them (their ``timestamp``): its model errors then also measure how the machine differs or changed (on a
+    shared node rates drift: four calibrations a minute apart here gave ping-pongs of 2.1-3.1 us at 8 B).
+    None otherwise, or where the file or the rows do not say."""
+    hosts = sorted({row.get("host") for row in rows} - {None, ""})
+    found = []
+    if calib.get("host") and hosts and calib["host"] not in hosts:
+        found.append(f"on host {calib['host']} (the points: {', '.join(hosts)})")
+    measured = _moment(calib.get("timestamp"))
+    moments = [moment for moment in (_moment(row.get("timestamp")) for row in rows) if moment]
+    if measured and moments:
+        apart = max(abs((moment - measured).total_seconds()) for moment in moments)
+        if apart > APART_SECONDS:
+            found.append(f"{apart / 3600:.1f} h from the farthest point")
+    if not found:
+        return None
+    return (f"report: note: {_source(calib)} was measured {' and '.join(found)}: its model errors also measure "
+            f"that difference (run mlscale calibrate beside the sweep, on its nodes)")
+
+
+def _moment(text):
+    """The ISO time ``text`` as a datetime (with its zone), or None when it is not one."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else None
 
 
 def load_calibrations(paths):

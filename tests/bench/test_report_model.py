@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from bench.report.model import for_projection, load_calibration, load_calibrations
+from bench.report.model import APART_SECONDS, for_projection, load_calibration, load_calibrations, provenance_note
 from bench.report.output import model_error_lines, write_report
 from kernels.errors import InputError
 from tests.bench.report_rows import CALIB, calibration, point, write_points
@@ -103,3 +103,32 @@ def test_write_report_gives_no_error_line_without_a_model(tmp_path):
     path = write_points(tmp_path / "a.csv", [point("rows", p, 1e-3 / p) for p in (1, 2)])
     notes, _ = write_report([path], str(tmp_path / "out"), plots=False)
     assert not any("model error" in line for line in notes)
+
+
+def test_a_calibration_from_another_host_or_hours_away_is_named_once():
+    calib = dict(CALIB, path="c.json", host="node1", timestamp="2026-12-02T10:00:00+00:00")
+    near = [dict(host="node1", timestamp="2026-12-02T10:30:00+00:00"),
+            dict(host="node1", timestamp="2026-12-02T09:10:00+00:00")]
+    assert provenance_note(calib, near) is None
+    hour = [dict(host="node1", timestamp="2026-12-02T11:00:00+00:00")]
+    assert APART_SECONDS == 3600 and provenance_note(calib, hour) is None  # an hour apart: not named
+    far = near + [dict(host="node1", timestamp="2026-12-02T12:06:00+00:00")]
+    assert provenance_note(calib, far) == ("report: note: c.json was measured 2.1 h from the farthest point: its model "
+                                           "errors also measure that difference (run mlscale calibrate beside the "
+                                           "sweep, on its nodes)")
+    other = [dict(host="node2", timestamp="2026-12-02T10:00:00+00:00"), dict(host="node3", timestamp="")]
+    assert provenance_note(calib, other).startswith("report: note: c.json was measured on host node1 (the points: "
+                                                    "node2, node3): ")
+    assert provenance_note(dict(calib, timestamp="2026-12-02T10:00:00"), near + far) is None   # no zone: not a moment
+    assert provenance_note(dict(CALIB, path="c.json"), other) is None   # a file that does not say
+    assert provenance_note(calib, [dict(host="", timestamp="yesterday")]) is None
+
+
+def test_the_report_prints_the_provenance_note_beside_the_error_lines(tmp_path):
+    when = "2026-12-02T10:00:00+00:00"
+    path = write_points(tmp_path / "a.csv", [point("rows", p, 1e-3 / p, host="node2", timestamp=when) for p in (1, 2)])
+    calib = _write(tmp_path, "c.json", dict(CALIB, host="node1", timestamp=when))
+    notes, doc = write_report([path], str(tmp_path / "out"), load_calibration(calib), plots=False)
+    assert f"report: note: {calib} was measured on host node1 (the points: node2): its model errors also measure " \
+           "that difference (run mlscale calibrate beside the sweep, on its nodes)" in notes
+    assert sum("was measured on host" in note for note in doc["notes"]) == 1
