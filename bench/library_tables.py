@@ -5,7 +5,7 @@ all-to-all, broadcast and reduce each get a table of seconds per call on two ran
 (``library``): MPICH's algorithms inside one node are not the sum of their messages (a
 broadcast of 128 KiB takes 3.6 messages' time here, a reduce-scatter of 8 B two allreduces'), so
 the models of the ``mpi`` variants scale these measured calls to more ranks
-(`bench.models.terms.library`) rather than add up calibrated messages. Each call is the suite's own
+(`bench.models.collective_terms.library`) rather than add up calibrated messages. Each call is the suite's own
 ``run`` (float64, its default settings: out of place, sum, root 0, whatever ``MLSCALE_COLL_*`` says), so it
 takes the Python path a sweep's point takes.
 """

@@ -1,7 +1,7 @@
 """Model of suite ``allreduce`` (`bench.cases.allreduce`): MPI_Allreduce and the hand-written algorithms."""
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms
 from bench.models.collective import CollectiveModel
 from parallel.collectives import ALLREDUCE_ALGORITHMS
 from parallel.collectives.nccl_wire import NCCL_WIRE_CHOICES
@@ -9,7 +9,7 @@ from parallel.collectives.nccl_wire import NCCL_WIRE_CHOICES
 
 class AllreduceModel(CollectiveModel):
     """The collectives' settings and rules (`bench.models.collective`); the algorithms are priced by
-    `bench.models.terms.allreduce`, not from their steps (``hierarchical`` composes sub-communicators)."""
+    `bench.models.collective_terms.allreduce`, not from their steps (``hierarchical`` composes sub-communicators)."""
 
     name = "allreduce"
     algorithms = dict.fromkeys(ALLREDUCE_ALGORITHMS)
@@ -23,11 +23,11 @@ class AllreduceModel(CollectiveModel):
         return size
 
     def predict(self, variant, size, ranks, calib):
-        """`bench.models.terms.allreduce` of ``size`` bytes by ``variant`` on ``ranks`` ranks, plus the
+        """`bench.models.collective_terms.allreduce` of ``size`` bytes by ``variant`` on ``ranks`` ranks, plus the
         Python call of the run (one rank: a copy)."""
         if variant == "nccl" or variant in self.wire_variants:  # NCCL's transport: not calibrated
             return None
-        return calib["overhead_s"] + terms.allreduce(calib, size, ranks, variant)
+        return calib["overhead_s"] + collective_terms.allreduce(calib, size, ranks, variant)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Send and receive buffers of ``problem`` bytes, one more for the algorithm's scratch on

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.settings import Setting, flag, integer
 from kernels.errors import InputError
@@ -50,7 +50,7 @@ class AttentionModel(Model):
             return flops / rate
         shard = math.ceil(size / ranks) * cfg["heads"] * cfg["dim"] * item
         if variant == "ulysses":
-            return flops / ranks / rate + (8 if backward else 4) * terms.alltoall(calib, shard, ranks)
+            return flops / ranks / rate + (8 if backward else 4) * collective_terms.alltoall(calib, shard, ranks)
         blocks = ranks - 0.5 if cfg["causal"] and variant == "ring" else (ranks / 2 if cfg["causal"] else ranks)
         step = flops / (0.5 if cfg["causal"] else 1) / ranks**2 / rate
         transfer = terms.message(calib, (4 if backward else 2) * shard)

@@ -1,6 +1,6 @@
 """Model of suite ``bcast`` (`bench.cases.bcast`): MPI_Bcast and the hand-written
 algorithms, priced from their own steps (`bench.models.collective`)."""
-from bench.models import terms
+from bench.models import collective_terms
 from bench.models.collective import CollectiveModel
 from parallel.collectives.bcast import BCAST_SCHEDULES
 
@@ -15,5 +15,5 @@ class BcastModel(CollectiveModel):
         return size
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Bcast: its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
-        return terms.library(calib, "bcast", nbytes, ranks, terms.bcast)
+        """MPI_Bcast: its calibrated call on two ranks, scaled by `bench.models.collective_terms.library`."""
+        return collective_terms.library(calib, "bcast", nbytes, ranks, collective_terms.bcast)

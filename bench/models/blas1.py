@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.blas import LIBRARY_REFERENCE, WORD, BlasModel, Cost
 from bench.models.terms import log2_ceil
 from kernels.errors import InputError
@@ -38,7 +38,7 @@ class Blas1Model(BlasModel):
                 "axpy": Cost(0, 0, 2 * n / p, 3 * n / p)}[variant]
 
     def predict(self, variant, size, ranks, calib):
-        """The run's calls (`CALLS`), its ``MPI_Allreduce`` (`ALLREDUCE_BYTES`, `terms.allreduce`) and its
+        """The run's calls (`CALLS`), its ``MPI_Allreduce`` (`ALLREDUCE_BYTES`, `collective_terms.allreduce`) and its
         passes over a rank's block of ``B = 8 ceil(n / p)`` bytes as NumPy makes them, each priced as the
         copy that touches as many bytes (a read of two blocks took a copy's time here): dot reads x and y
         (a copy of B), nrm2 reads x three times (three copies of B / 2: x stays in the cache where it fits;
@@ -53,7 +53,7 @@ class Blas1Model(BlasModel):
                   "nrm2": 3 * terms.copy(calib, block / 2), "numpy_nrm2": terms.copy(calib, block / 2),
                   "axpy": terms.copy(calib, block) + terms.reduction(calib, block)}
         passes["numpy_axpy"] = passes["axpy"]
-        reduces = sum(terms.allreduce(calib, nbytes, ranks) for nbytes in ALLREDUCE_BYTES.get(variant, ()))
+        reduces = sum(collective_terms.allreduce(calib, nbytes, ranks) for nbytes in ALLREDUCE_BYTES.get(variant, ()))
         return terms.calls(calib, CALLS[variant]) + reduces + passes[variant]
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

@@ -2,14 +2,14 @@
 rank rules, the cost model of every hand-written algorithm from its own steps, and the memory model.
 
 A hand-written algorithm is modelled from the `parallel.collectives.schedule.Schedule` it runs:
-`bench.models.terms.schedule` prices each step (exchanges, one-way messages, reductions, copies)
+`bench.models.collective_terms.schedule` prices each step (exchanges, one-way messages, reductions, copies)
 from the calibration, on the busiest of a few sampled ranks (rank 0, 1, the middle and the last;
 the algorithms are symmetric or rooted at 0), plus the Python path of one call (``call_s``). MPI's
 variant is priced by the library terms of its suite (`bench.models.terms`); ``nccl`` is not modelled.
 """
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.settings import Setting, choice, flag, integer
 from kernels.errors import InputError
@@ -61,7 +61,7 @@ class CollectiveModel(Model):
         item = terms.itemsize(calib)
         build, count = self.algorithms[variant], size // item
         sampled = sorted({0, 1, ranks // 2, ranks - 1} & set(range(ranks)))
-        return calib["call_s"] + max(terms.schedule(calib, build(rank, ranks, count, item, self.config["in_place"]),
+        return calib["call_s"] + max(collective_terms.schedule(calib, build(rank, ranks, count, item, self.config["in_place"]),
                                                     item) for rank in sampled)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.settings import Setting, byte_size, choice, integer
 from kernels.errors import InputError
@@ -165,14 +165,14 @@ class DataParallelModel(Model):
 
         def calibrated_step(rows):  # local_rates times the default data set, MNIST
             forward, backward, parameters = compute(rows, DATA_SHAPES["mnist"][1])
-            return forward + backward + terms.allreduce(calib, parameters, 1)
+            return forward + backward + collective_terms.allreduce(calib, parameters, 1)
 
         rows = math.ceil(size / ranks)
         fixed, scale = terms.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
         features = DATA_SHAPES.get(settings["dataset"], (0, 784))[1]
         forward, backward, parameters = compute(rows, features, 1 / ranks if sharding else 1)
         forward, backward = scale * forward, scale * backward
-        exchange = terms.allreduce(calib, parameters, ranks, settings["allreduce"]) if not sharding else \
+        exchange = collective_terms.allreduce(calib, parameters, ranks, settings["allreduce"]) if not sharding else \
             self._sharded_exchange(calib, sharding, settings["bucket_bytes"], mlp_widths(features), item, ranks)
         return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)
 
@@ -182,10 +182,10 @@ class DataParallelModel(Model):
         sizes = [size for inputs, outputs in zip(widths, widths[1:]) for size in (inputs * outputs, outputs)]
         if sharding == "zero3":
             layers = [item * (inputs + 1) * outputs for inputs, outputs in zip(widths, widths[1:])]
-            return sum(terms.reduce_scatter(calib, n, ranks) + 2 * terms.allgather(calib, n, ranks) for n in layers) \
-                - terms.allgather(calib, layers[-1], ranks)
-        return sum(terms.reduce_scatter(calib, item * (stop - start), ranks) +
-                   terms.allgather(calib, item * (stop - start), ranks)
+            return sum(collective_terms.reduce_scatter(calib, n, ranks) + 2 * collective_terms.allgather(calib, n, ranks) for n in layers) \
+                - collective_terms.allgather(calib, layers[-1], ranks)
+        return sum(collective_terms.reduce_scatter(calib, item * (stop - start), ranks) +
+                   collective_terms.allgather(calib, item * (stop - start), ranks)
                    for start, stop in bucket_bounds(sizes, item, bucket_bytes))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

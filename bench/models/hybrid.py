@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model, balanced_dims
 from bench.models.pp import CHECK_SAMPLES
 from bench.settings import Setting, choice, integer
@@ -86,10 +86,10 @@ class HybridModel(Model):
         blocks = math.ceil(self.blocks / pp)
         forward, backward = terms.dense_layers(calib, (self.hidden, self.ffn, self.hidden), rows, ranks, split=tp)
         algorithm = FAMILIES.get(self.collectives, ("mpi",))[0]
-        tensor = 2 * terms.allreduce(calib, rows * self.hidden * item, tp, algorithm) if tp > 1 else 0.0
+        tensor = 2 * collective_terms.allreduce(calib, rows * self.hidden * item, tp, algorithm) if tp > 1 else 0.0
         stage = blocks * (forward + backward + tensor)
         gradients = blocks * (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
-        exchange = terms.allreduce(calib, gradients, dp) if dp > 1 else 0.0
+        exchange = collective_terms.allreduce(calib, gradients, dp) if dp > 1 else 0.0
         return (terms.pipeline(calib, stage, rows * self.hidden * item, m, pp) + exchange
                 + terms.reduction(calib, gradients))
 

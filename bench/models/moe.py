@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.models.chosen import hand_written
 from bench.settings import Setting, choice, integer, number
@@ -63,7 +63,7 @@ class MixtureOfExpertsModel(Model):
         routed = k * tokens * cfg["hidden"] * item
         exchange = 2 * (self._alltoall(calib, 8 * cfg["experts_per_rank"] * ranks, 8, ranks, "auto")
                         + 2 * self._alltoall(calib, routed, item, ranks, "scattered") + 2 * terms.copy(calib, routed))
-        reduce = terms.allreduce(calib, cfg["hidden"] * experts * item, ranks) + terms.allreduce(calib, 64, ranks)
+        reduce = collective_terms.allreduce(calib, cfg["hidden"] * experts * item, ranks) + collective_terms.allreduce(calib, 64, ranks)
         return cfg["experts_per_rank"] * (forward + backward) + gate + exchange + reduce
 
     def _alltoall(self, calib, nbytes, itemsize, ranks, auto):
@@ -72,7 +72,7 @@ class MixtureOfExpertsModel(Model):
         for the counts, scattered for the rows)."""
         name = self.config["alltoall"]
         if name == "mpi":
-            return terms.alltoall(calib, nbytes, ranks)
+            return collective_terms.alltoall(calib, nbytes, ranks)
         return hand_written(calib, ALLTOALL_SCHEDULES[auto if name == "auto" else name], ranks,
                             nbytes // itemsize, itemsize)
 

@@ -1,6 +1,6 @@
 """Model of suite ``reduce`` (`bench.cases.reduce`): MPI_Reduce and the hand-written
 algorithms, priced from their own steps (`bench.models.collective`)."""
-from bench.models import terms
+from bench.models import collective_terms
 from bench.models.collective import CollectiveModel
 from parallel.collectives.reduce import REDUCE_SCHEDULES
 
@@ -16,5 +16,5 @@ class ReduceModel(CollectiveModel):
         return size
 
     def library(self, calib, nbytes, ranks):
-        """MPI_Reduce: its calibrated call on two ranks, scaled by `bench.models.terms.library`."""
-        return terms.library(calib, "reduce", nbytes, ranks, terms.reduce)
+        """MPI_Reduce: its calibrated call on two ranks, scaled by `bench.models.collective_terms.library`."""
+        return collective_terms.library(calib, "reduce", nbytes, ranks, collective_terms.reduce)

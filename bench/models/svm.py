@@ -1,7 +1,7 @@
 """Model of suite ``svm`` (`bench.cases.svm`): training the serial and distributed SVMs."""
 from pathlib import Path
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.settings import Setting
 from kernels.errors import InputError
@@ -73,12 +73,12 @@ class SVMModel(Model):
         if variant != "dis_smo" or not params.get("n_iter"):
             return None
         iterations, local = int(params["n_iter"]), size / ranks
-        step = 2 * (terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, ITERATION_CALLS) + \
+        step = 2 * (collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, ITERATION_CALLS) + \
             4 * terms.copy(calib, 8 * local)
         computed = params.get("kernel_rows") or min(size, 2 * iterations)
         row = local / terms.kernel_rows(calib, ranks) * params.get("n_features", 784) / 784 + \
             terms.calls(calib, ROW_CALLS)
-        return iterations * step + computed * row + terms.allgather(calib, 8 * size, ranks)
+        return iterations * step + computed * row + collective_terms.allgather(calib, 8 * size, ranks)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The whole data set in float64 on every rank (the loaded set, its split copies; for an

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from bench.models import terms
+from bench.models import collective_terms, terms
 from bench.models.base import Model
 from bench.models.chosen import hand_written
 from bench.settings import Setting, choice, integer
@@ -45,7 +45,7 @@ class TensorParallelModel(Model):
         """Six GEMMs of (T, h) x (h, ceil(f / p)) (two forward, four backward; `terms.gemm`), the ReLU,
         and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
         of T h (sequence): MPI's (its library terms) or the hand-written family ``TP_COLLECTIVES``
-        names (`terms.allreduce` of the algorithm; the allgather and reduce-scatter from their
+        names (`collective_terms.allreduce` of the algorithm; the allgather and reduce-scatter from their
         schedules on the row blocks, `bench.models.chosen`)."""
         hidden, ffn, collectives = self.config["hidden"], self.config["ffn"], self.config["collectives"]
         item, local = terms.itemsize(calib), math.ceil(ffn / ranks)
@@ -55,14 +55,14 @@ class TensorParallelModel(Model):
             return compute
         names = FAMILIES.get(collectives, ("mpi",) * 3)
         if variant == "allreduce":
-            return compute + 2 * terms.allreduce(calib, activations, ranks, names[0])
+            return compute + 2 * collective_terms.allreduce(calib, activations, ranks, names[0])
         if collectives == "mpi":
-            exchange = terms.allgather(calib, activations, ranks) + terms.reduce_scatter(calib, activations, ranks)
+            exchange = collective_terms.allgather(calib, activations, ranks) + collective_terms.reduce_scatter(calib, activations, ranks)
         else:
             blocks = tuple(rows * hidden for rows in block_counts(size, ranks))
             exchange = sum(hand_written(calib, builders[name], ranks, size * hidden, item, blocks)
                            for builders, name in ((ALLGATHER_SCHEDULES, names[1]), (REDUCE_SCATTER_SCHEDULES, names[2])))
-        return compute + 2 * (exchange + terms.allgather(calib, 8 * ranks, ranks))
+        return compute + 2 * (exchange + collective_terms.allgather(calib, 8 * ranks, ranks))
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """x and dy (T x h, drawn in float64), y, dx and an allreduce buffer; this rank's

@@ -11,7 +11,7 @@ from bench.families.blas import seeded_rows
 from bench.cases.gemm import Gemm
 from bench.cases.gemv import Gemv
 from bench.families.blas import TF32_EPS
-from bench.models import terms
+from bench.models import collective_terms
 from bench.models.blas1 import CALLS, Blas1Model
 from bench.models.gemm import GemmModel
 from bench.models.gemv import GemvModel
@@ -178,9 +178,9 @@ def test_cost_models():
     assert GemvModel().predict("2d", 1000, 4, latency_only) == pytest.approx(0.5 + 2 * 1.5)
     blas1 = Blas1Model()
     assert blas1.predict("axpy", 1000, 4, latency_only) == 0.0  # no message; calls and passes free
-    assert blas1.predict("dot", 1000, 4, latency_only) == pytest.approx(terms.allreduce(latency_only, 16, 4))
+    assert blas1.predict("dot", 1000, 4, latency_only) == pytest.approx(collective_terms.allreduce(latency_only, 16, 4))
     assert blas1.predict("nrm2", 1000, 4, latency_only) == pytest.approx(
-        terms.allreduce(latency_only, 24, 4) + terms.allreduce(latency_only, 8, 4))
+        collective_terms.allreduce(latency_only, 24, 4) + collective_terms.allreduce(latency_only, 8, 4))
     calls_only = dict(latency_only, reduce=[[1, 1.0], [1 << 24, 1.0]])  # every call and reduction 1 s
     assert [blas1.predict(variant, 1000, 1, calls_only) for variant in ("numpy_axpy", "axpy")] == [
         CALLS["numpy_axpy"] + 1, CALLS["axpy"] + 1]  # and axpy's one in-place addition

@@ -1,7 +1,7 @@
-"""Cost-model terms (bench.models.terms) and every suite model's `predict`: sizes, one rank, message counts."""
+"""Cost-model terms (bench.models.terms, bench.models.collective_terms) and every suite model's `predict`: sizes, one rank, message counts."""
 import pytest
 
-from bench.models import get_model, terms
+from bench.models import collective_terms, get_model, terms
 from tests.bench.report_rows import BIG, calibration
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
@@ -31,7 +31,7 @@ def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, st
         expected = OVERHEAD + ALPHA * messages
     else:  # the call's Python path, then a Python message and a NumPy reduction per step
         expected = OVERHEAD + messages * (ALPHA + OVERHEAD) + reductions * 1e-3
-    assert terms.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
+    assert collective_terms.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
 
 
 def test_gemm_rate_follows_threads_and_table():
@@ -59,7 +59,7 @@ def test_a_thin_product_runs_at_the_calibrated_thin_rate_and_a_square_one_as_bef
 @pytest.mark.parametrize("suite", ["allgather", "reduce_scatter", "alltoall", "bcast", "reduce"])
 def test_mpis_collective_is_its_calibrated_call_on_two_ranks_grown_as_its_algorithm(suite):
     calib, n = calibration(), 1 << 16
-    formula = getattr(terms, suite)
+    formula = getattr(collective_terms, suite)
     model = get_model(suite)
     assert model.library(calib, n, 4) == pytest.approx(formula(calib, n, 4))    # no table: the formula
     calib["library"] = {suite: [[8, 5e-6], [1 << 20, 1e-3]]}
