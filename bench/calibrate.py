@@ -18,7 +18,7 @@ the mean of back-to-back calls after a barrier:
 - ``allreduce``: seconds of one ``MPI_Allreduce`` (float64 sum) of n bytes, 8 B .. 16 MiB:
   the library's own algorithm, which the model of ``MPI_Allreduce`` scales to more ranks;
 - ``library``: seconds of one call of each collective suite's ``mpi`` variant (allgather,
-  reduce_scatter, alltoall, bcast, reduce; `bench.library_tables`), 8 B .. 8 MiB: MPI's own
+  reduce_scatter, alltoall, bcast, reduce; `bench.library_tables`), 8 B .. 16 MiB: MPI's own
   algorithms, which the models of those variants scale to more ranks;
 - ``overhead_s``: the Python path of one message, a ``Sendrecv`` to ``MPI.PROC_NULL``
   (argument handling, no transfer); ``call_s``: a hand-written allreduce of 8 B on
