@@ -157,6 +157,8 @@ def _alone_rates(cores, plan):
                                            for i, (rows, t) in enumerate(table)]
                                    for dtype, table in one["dp_step"].items()},
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=[one["kernel_rows"], every["kernel_rows"]],
+                gemv={dtype: [[nbytes, [t, every["gemv"][dtype][i][1]]] for i, (nbytes, t) in enumerate(table)]
+                      for dtype, table in one["gemv"].items()},
                 gamma_s_per_byte=max((t1 - t0) / (n1 - n0), MIN_SLOPE), memcpy_bytes_per_s=largest / seconds,
                 gemm_sizes=list(plan.gemm_sizes), gemm_flops_per_s=one["gemm"]["float64"][-1],
                 dp_rows=list(plan.dp_rows),

@@ -21,6 +21,10 @@ sweep do).
   sizes of `DP_ROWS`, by dtype;
 - ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
   8 B .. 32 MiB (`LOCAL_SIZES`);
+- ``gemv``: seconds of ``A @ x`` for square ``A`` of the sides `GEMV_SIDES` by dtype, keyed by the bytes of
+  ``A`` (float64: 32 KiB .. 128 MiB), the same matrix each call as a point of suite ``gemv`` repeats its own:
+  reading a matrix held in the cache is not a copy of half its bytes (a 4 MiB block on each of two ranks
+  took 1.6-2x the copy rule's time here, a 128 MiB one on one rank with two threads 0.6-0.8x);
 - ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64, one row of
   `KERNEL_COLUMNS` entries at a time, as Dis-SMO computes them (one row per working-set index; a
   block of rows runs several times faster per entry: a GEMM, not a GEMV), `KERNEL_ROWS` rows in turn
@@ -50,6 +54,9 @@ GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
 THIN_ROWS, THIN_SIDE = (8, 32, 128), 1024
 #: Distinct (THIN_SIDE, THIN_SIDE) operands the thin products take in turn (more than a cache holds).
 THIN_OPERANDS = 8
+#: Sides of the square matrices of the ``gemv`` table (float64: 32 KiB .. 128 MiB, x4 up to 2 MiB, then x2
+#: through the sizes where the blocks of a node's ranks outgrow its last-level cache).
+GEMV_SIDES = (64, 128, 256, 512, 724, 1024, 1448, 2048, 2896, 4096)
 DTYPES = ("float32", "float64")
 #: (suite, variant, size): reference points of the suites whose kernel rate is calibrated.
 SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
@@ -69,6 +76,7 @@ class RatesPlan:
     thin_rows: tuple = THIN_ROWS
     thin_side: int = THIN_SIDE
     local_sizes: tuple = tuple(LOCAL_SIZES)
+    gemv_sides: tuple = GEMV_SIDES
     dp_rows: tuple = DP_ROWS
     suite_points: tuple = SUITE_POINTS
     rounds: int = ROUNDS
@@ -79,6 +87,7 @@ FULL = RatesPlan()
 #: A rough calibration in a few seconds (tests, a first look): the ends and middle of each table, one round.
 #: The suites' kernels at a quarter of their reference work.
 QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
+                  gemv_sides=(64, 256, 1024, 4096),
                   dp_rows=(16, 256), suite_points=tuple((suite, variant, size // 2) for suite, variant, size in
                                                         SUITE_POINTS), rounds=1, least=0.002)
 
@@ -101,6 +110,8 @@ def local_rates(threads, comm=None, plan=FULL):
                 dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in plan.dp_rows] for dtype in DTYPES},
                 reduce=[[n, seconds["reduce", n]] for n in plan.local_sizes],
                 copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
+                gemv={dtype: [[side * side * np.dtype(dtype).itemsize, seconds["gemv", dtype, side]]
+                              for side in plan.gemv_sides] for dtype in DTYPES},
                 kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / float(np.median(
                     [seconds["kernel", KERNEL_DIM, block] for block in range(KERNEL_BLOCKS)])),
                 spread=_table_spreads(samples))
@@ -167,6 +178,9 @@ def _items(stack, plan):
         squares = [rng.random((plan.thin_side,) * 2).astype(dtype) for _ in range(THIN_OPERANDS)]
         for d in plan.thin_rows:
             items["gemm_thin", dtype, d] = _rotating_product(rng.random((d, plan.thin_side)).astype(dtype), squares)
+        for side in plan.gemv_sides:
+            a, x = rng.random((side, side)).astype(dtype), rng.random(side).astype(dtype)
+            items["gemv", dtype, side] = _product(a, x)
     for (kind, suite, variant, dtype, size), (case, state) in _suite_states(stack, plan):
         if kind == "dp":
             items["dp", dtype, size] = _runner(case, state)

@@ -100,7 +100,7 @@ class BlasModel(Model):
         their shapes (else ``flops`` at the rate of a rank's block size, n / sqrt p), at the
         threads and sharing of one of ``ranks`` ranks (`bench.models.terms.gemm`);
         memory-bound suites stream their words as a copy of half as many (a copy reads and
-        writes each byte). Messages: the calibrated one-way time of a message of the mean
+        writes each byte; gemv: its calibrated GEMVs, `compute_seconds`). Messages: the calibrated one-way time of a message of the mean
         size; one Python call per run. None when ``variant`` cannot run on ``ranks`` ranks.
         """
         try:
@@ -108,14 +108,17 @@ class BlasModel(Model):
         except InputError:
             return None
         cost = self.cost(variant, size, ranks)
-        if self.compute_bound and cost.products:
-            count, m, n, k = cost.products
-            compute = count * terms.gemm(calib, m, n, k, ranks)
-        elif self.compute_bound:
-            side = size / math.sqrt(ranks)  # a rank's blocks of the product
-            compute = terms.gemm(calib, side, side, side, ranks) * cost.flops / (2 * side**3)
-        else:
-            compute = terms.copy(calib, cost.stream_words * WORD / 2)
         bytes_sent = cost.words * WORD
         per_message = terms.message(calib, bytes_sent / cost.messages) if cost.messages else 0.0
-        return calib["overhead_s"] + cost.messages * per_message + compute
+        return calib["overhead_s"] + cost.messages * per_message + self.compute_seconds(calib, cost, variant, size,
+                                                                                       ranks)
+
+    def compute_seconds(self, calib, cost, variant, size, ranks):
+        """Seconds of one rank's computation of ``cost`` (see `predict`)."""
+        if self.compute_bound and cost.products:
+            count, m, n, k = cost.products
+            return count * terms.gemm(calib, m, n, k, ranks)
+        if self.compute_bound:
+            side = size / math.sqrt(ranks)  # a rank's blocks of the product
+            return terms.gemm(calib, side, side, side, ranks) * cost.flops / (2 * side**3)
+        return terms.copy(calib, cost.stream_words * WORD / 2)

@@ -1,6 +1,7 @@
 """Model of suite ``gemv`` (`bench.cases.gemv`): y = A x on row blocks, column blocks or a grid."""
 import numpy as np
 
+from bench.models import terms
 from bench.models.blas import CHUNK_ROWS, GRID, LIBRARY_REFERENCE, VECTOR_ROW, BlasModel, Cost
 
 
@@ -20,6 +21,15 @@ class GemvModel(BlasModel):
             rows, cols = self.grid_dims(variant, p)
             return work._replace(messages=rows + cols - 2, words=(rows + cols - 2) * n / p)
         return work if variant == "numpy" else work._replace(messages=p - 1, words=(p - 1) * n / p)
+
+    def compute_seconds(self, calib, cost, variant, size, ranks):
+        """The local GEMV of the busiest rank's block (``ceil(n / p) x n``, ``n x ceil(n / p)`` or
+        ``ceil(n / pr) x ceil(n / pc)``) at the calibrated GEMV time of its bytes (`bench.models.terms.gemv`);
+        a calibration without that table prices the read as a copy of half the bytes (`BlasModel`)."""
+        rows, cols = self.grid_dims(variant, ranks) or ({"rows": (ranks, 1), "cols": (1, ranks)}.get(variant, (1, 1)))
+        block = -(-size // rows) * -(-size // cols)
+        seconds = terms.gemv(calib, block * terms.itemsize(calib), ranks)
+        return super().compute_seconds(calib, cost, variant, size, ranks) if seconds is None else seconds
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """This rank's ``n^2 / p`` entries of A (all of A for ``numpy``), rows drawn

@@ -170,16 +170,32 @@ def suite_rate(calib, suite, variant, ranks):
                  _at_dtype(calib, shared[suite])[variant] if shared else None)
 
 
+def _paired_table(calib, key, ranks):
+    """``[(x, seconds), ...]`` of the table ``calib[key]`` (by dtype, ``[[x, [one thread, all cores]], ...]``,
+    `bench.local_rates`) at the point's dtype and the threads and sharing of one of ``ranks`` ranks (the
+    ``busy`` table's entries where the ranks share the node and it has them)."""
+    shared = _shared(calib, ranks)
+    alone = _at_dtype(calib, calib[key])
+    busy = [seconds for _, seconds in _at_dtype(calib, shared[key])] if shared and key in shared else \
+        [None] * len(alone)
+    return [(x, _rate(calib, pair, ranks, value)) for (x, pair), value in zip(alone, busy)]
+
+
+def gemv(calib, nbytes, ranks):
+    """A local ``A @ x`` reading ``nbytes`` of matrix, in the calibrated GEMVs by matrix bytes (`bench.local_rates`)
+    at the threads and sharing of one of ``ranks`` ranks; None for a calibration without them (older files)."""
+    if "gemv" not in calib:
+        return None
+    return interpolate(_paired_table(calib, "gemv", ranks), max(nbytes, 1))
+
+
 def fitted_step(calib, key, modelled, ranks, rows):
     """``(a, b)``: the line ``seconds = a + b modelled(rows)`` through the two calibrated steps ``calib[key]``
     (by dtype, ``[[rows, [one thread, all cores]], ...]``, `bench.local_rates`) around ``rows``
     (the first or last two beyond them) at the threads and sharing of one of ``ranks`` ranks. ``a``: the
     fixed seconds of a step (Python calls the model does not count); ``b``: the scale of the modelled
     seconds (1 when they do not grow)."""
-    shared = _shared(calib, ranks)
-    alone = _at_dtype(calib, calib[key])
-    busy = [seconds for _, seconds in _at_dtype(calib, shared[key])] if shared else [None] * len(alone)
-    steps = [(count, _rate(calib, pair, ranks, value)) for (count, pair), value in zip(alone, busy)]
+    steps = _paired_table(calib, key, ranks)
     upper = min(max(bisect.bisect_left([count for count, _ in steps], rows), 1), len(steps) - 1)
     (r0, t0), (r1, t1) = steps[upper - 1:upper + 1]
     m0, m1 = modelled(r0), modelled(r1)

@@ -88,6 +88,25 @@ def test_kernel_rows_follow_threads_sharing_and_an_older_files_one_number():
     assert terms.kernel_rows(dict(calib, kernel_rows=3e6), 2) == 3e6
 
 
+@pytest.mark.parametrize("variant, ranks, rows, cols", [("numpy", 1, 1000, 1000), ("rows", 3, 334, 1000),
+                                                       ("cols", 3, 1000, 334), ("2d", 4, 500, 500),
+                                                       ("2d", 3, 334, 1000)])
+def test_gemv_reads_the_busiest_block_at_the_calibrated_gemv_time_and_an_older_file_as_a_copy(variant, ranks, rows,
+                                                                                               cols):
+    calib, model = calibration(cores=2), get_model("gemv")
+    cost = model.cost(variant, 1000, ranks)
+    assert terms.gemv(calib, 1 << 20, 1) is None  # an older file: the copy rule
+    assert model.compute_seconds(calib, cost, variant, 1000, ranks) == terms.copy(calib, cost.stream_words * 4)
+    calib["gemv"] = {"float64": [[1, [1e-6, 1e-6]], [BIG, [2e-3, 1e-3]]]}
+    assert terms.gemv(calib, BIG, 1) == pytest.approx(1e-3)  # one rank: every core's threads
+    calib["busy"] = dict(ranks=2, threads=1, gemv={"float64": [[1, 1e-6], [BIG, 4e-3]]}, copy=calib["copy"],
+                         reduce=calib["reduce"])
+    assert terms.gemv(calib, BIG, 2) == pytest.approx(4e-3)  # ranks sharing the node: the busy table
+    assert model.compute_seconds(calib, cost, variant, 1000, ranks) == terms.gemv(calib, 8 * rows * cols, ranks)
+    assert model.compute_seconds(dict(calib, point_dtype="float32"), cost, variant, 1000, ranks) == \
+        terms.gemv(calib, 4 * rows * cols, ranks)  # the float64 table by bytes where the file has no float32 one
+
+
 def test_dis_smo_prices_the_rows_its_cache_computed():
     calib = dict(LATENCY_ONLY, kernel_rows=[1e6, 1e6], reduce=[[1, 0.0], [BIG, 0.0]])  # calls and passes free
 
