@@ -124,6 +124,31 @@ def model_state_bytes(variant, parameters, item, ranks, optimizer="adam"):
     return item * parameters * (whole + (2 + state - whole) / ranks)
 
 
+def _mlp_step(calib, rows, features, ranks, update_share=1):
+    """``(forward with the batch gather, backward and SGD update of update_share of the parameters)`` seconds of
+    the MLP on ``rows`` samples of ``features`` inputs (`terms.dense_layers`), and its gradient bytes."""
+    item = terms.itemsize(calib)
+    widths = mlp_widths(features)
+    parameters = dense_parameters(widths) * item
+    forward, backward = terms.dense_layers(calib, widths, rows, ranks)
+    rest = terms.copy(calib, rows * features * item) + 3 * terms.reduction(calib, parameters * update_share)
+    return forward + rest, backward, parameters
+
+
+def fitted_mlp_step(calib, rows, features, ranks, update_share=1):
+    """``(fixed, forward, backward)`` seconds of one step of the MLP on one of ``ranks`` ranks: `_mlp_step`
+    (forward with the batch gather and the SGD update of ``update_share`` of the parameters; backward) scaled,
+    plus the fixed cost of the step's Python calls, on the line through the two calibrated one-rank ``dp``
+    steps around ``rows`` (`terms.fitted_step`: the default data set, MNIST, exchanged on one rank)."""
+    def calibrated_step(count):
+        forward, backward, parameters = _mlp_step(calib, count, DATA_SHAPES["mnist"][1], ranks)
+        return forward + backward + collective_terms.allreduce(calib, parameters, 1)
+
+    fixed, scale = terms.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
+    forward, backward, _ = _mlp_step(calib, rows, features, ranks, update_share)
+    return fixed, scale * forward, scale * backward
+
+
 class DataParallelModel(Model):
     name = "dp"
     variants = ("keras", "mpi", "mpi_overlap") + tuple(ALLREDUCE_ALGORITHMS) + tuple(ZERO_STAGES)
@@ -153,25 +178,10 @@ class DataParallelModel(Model):
                 ("mlp", "full", "full", 1) or (sharding and settings["collectives"] != "mpi") or variant == "keras":
             return None
         item = terms.itemsize(calib)
-
-        def compute(rows, features, update_share=1):
-            """(forward with the batch gather, backward and SGD update of ``update_share`` of the parameters)
-            of the MLP on ``features`` inputs; the gradient bytes."""
-            widths = mlp_widths(features)
-            parameters = dense_parameters(widths) * item
-            forward, backward = terms.dense_layers(calib, widths, rows, ranks)
-            rest = terms.copy(calib, rows * features * item) + 3 * terms.reduction(calib, parameters * update_share)
-            return forward + rest, backward, parameters
-
-        def calibrated_step(rows):  # local_rates times the default data set, MNIST
-            forward, backward, parameters = compute(rows, DATA_SHAPES["mnist"][1])
-            return forward + backward + collective_terms.allreduce(calib, parameters, 1)
-
-        rows = math.ceil(size / ranks)
-        fixed, scale = terms.fitted_step(calib, "dp_step", calibrated_step, ranks, rows)
         features = DATA_SHAPES.get(settings["dataset"], (0, 784))[1]
-        forward, backward, parameters = compute(rows, features, 1 / ranks if sharding else 1)
-        forward, backward = scale * forward, scale * backward
+        fixed, forward, backward = fitted_mlp_step(calib, math.ceil(size / ranks), features, ranks,
+                                                   1 / ranks if sharding else 1)
+        parameters = dense_parameters(mlp_widths(features)) * item
         exchange = collective_terms.allreduce(calib, parameters, ranks, settings["allreduce"]) if not sharding else \
             self._sharded_exchange(calib, sharding, settings["bucket_bytes"], mlp_widths(features), item, ranks)
         return fixed + forward + (max(backward, exchange) if settings["overlap"] else backward + exchange)

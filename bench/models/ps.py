@@ -5,7 +5,7 @@ import numpy as np
 
 from bench.models import terms
 from bench.models.base import Model
-from bench.models.dp import ACTIVATIONS, DATA_SHAPES, PARAMETERS, dense_parameters, mlp_widths
+from bench.models.dp import ACTIVATIONS, DATA_SHAPES, PARAMETERS, dense_parameters, fitted_mlp_step, mlp_widths
 from bench.settings import Setting, choice, integer
 from kernels.errors import InputError
 from parallel.data.param_server import MODES, check_roles
@@ -30,7 +30,9 @@ class ParameterServerModel(Model):
         self.servers, self.staleness, self.model_name = (self.settings[s.name] for s in SETTINGS)
 
     def predict(self, variant, size, ranks, calib):
-        """The MLP (`terms.dense_layers`) on a worker's ceil(n / W) samples; per server shard of P / S
+        """The MLP's forward and backward on a worker's ceil(n / W) samples, scaled and with the fixed cost
+        of a step's Python calls as the calibrated one-rank ``dp`` steps give them (`bench.models.dp.fitted_mlp_step`:
+        a step of the same MLP, its SGD update left to the servers); per server shard of P / S
         parameters, the busiest server receives W gradient shards and sends W parameter shards one by
         one (blocking: in sequence), and adds each gradient (SGD); a request and an end notice per worker.
         None for the CNN."""
@@ -43,10 +45,10 @@ class ParameterServerModel(Model):
         widths, workers, item = mlp_widths(), ranks - self.servers, terms.itemsize(calib)
         parameters = dense_parameters(widths)
         shard = math.ceil(parameters / self.servers) * item
-        forward, backward = terms.dense_layers(calib, widths, math.ceil(size / workers), ranks)
+        fixed, forward, backward = fitted_mlp_step(calib, math.ceil(size / workers), widths[0], ranks, update_share=0)
         server = workers * (2 * terms.message(calib, shard) + 2 * terms.reduction(calib, shard)
                             + 2 * terms.message(calib, 16))
-        return forward + backward + server
+        return fixed + forward + backward + server
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The MNIST sample on every rank (the bytes read, then scaled and split: 2 copies), the
