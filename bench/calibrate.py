@@ -47,7 +47,7 @@ import tempfile
 from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of, sleeping_barrier
-from bench.local_rates import FULL, QUICK, check_suites, local_rates
+from bench.local_rates import FULL, QUICK, STEPS, check_suites, local_rates
 from bench.message_tables import FULL_MESSAGES, MIN_SLOPE, QUICK_MESSAGES, measure_pair
 from kernels.errors import InputError
 
@@ -153,9 +153,8 @@ def _alone_rates(cores, plan):
     return dict(cores=cores, gemm={dtype: [rates, every["gemm"][dtype]] for dtype, rates in one["gemm"].items()},
                 gemm_thin={dtype: [rates, every["gemm_thin"][dtype]] for dtype, rates in one["gemm_thin"].items()},
                 thin_rows=list(plan.thin_rows), thin_side=plan.thin_side,
-                **suites, dp_step={dtype: [[rows, [t, every["dp_step"][dtype][i][1]]]
-                                           for i, (rows, t) in enumerate(table)]
-                                   for dtype, table in one["dp_step"].items()},
+                **suites, **{key: {dtype: [[size, [t, every[key][dtype][i][1]]] for i, (size, t) in enumerate(table)]
+                                   for dtype, table in one[key].items()} for key in STEPS},
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=[one["kernel_rows"], every["kernel_rows"]],
                 gemv={dtype: [[nbytes, [t, every["gemv"][dtype][i][1]]] for i, (nbytes, t) in enumerate(table)]
                       for dtype, table in one["gemv"].items()},

@@ -18,7 +18,9 @@ sweep do).
 - ``conv``, ``attention``: flop/s of the suites' own kernels at a reference size
   (`SUITE_POINTS`), by dtype and variant;
 - ``dp_step``: seconds of a ``dp`` training step (the MLP, one rank) at the batch
-  sizes of `DP_ROWS`, by dtype;
+  sizes of `DP_ROWS`, by dtype; ``moe_step``: of a ``moe`` layer's step (variant ``top1``, forward and
+  backward, one rank) at the token counts of `MOE_TOKENS` (the Python calls, routing passes and
+  element-wise steps around its GEMMs, which the terms of its model miss: 25-35 % of a step here);
 - ``reduce``, ``copy``: seconds of an in-place float64 addition and of a copy at
   8 B .. 32 MiB (`LOCAL_SIZES`);
 - ``gemv``: seconds of ``A @ x`` for square ``A`` of the sides `GEMV_SIDES` by dtype, keyed by the bytes of
@@ -62,6 +64,10 @@ DTYPES = ("float32", "float64")
 SUITE_POINTS = (("conv", "forward", 256), ("conv", "forward_backward", 256), ("attention", "full", 1024))
 #: Batch sizes of the calibrated ``dp`` steps (variant ``mpi`` on one rank).
 DP_ROWS = (16, 64, 256)
+#: Token counts of the calibrated ``moe`` steps (variant ``top1`` on one rank).
+MOE_TOKENS = (64, 256, 1024)
+#: The calibrated steps: table -> (suite, variant, the plan's field of their sizes).
+STEPS = {"dp_step": ("dp", "mpi", "dp_rows"), "moe_step": ("moe", "top1", "moe_tokens")}
 KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 16
 #: Entries of the ``kernel_rows`` table: blocks of `KERNEL_ROWS` distinct rows over the same samples.
 KERNEL_BLOCKS = 3
@@ -78,6 +84,7 @@ class RatesPlan:
     local_sizes: tuple = tuple(LOCAL_SIZES)
     gemv_sides: tuple = GEMV_SIDES
     dp_rows: tuple = DP_ROWS
+    moe_tokens: tuple = MOE_TOKENS
     suite_points: tuple = SUITE_POINTS
     rounds: int = ROUNDS
     least: float = LEAST_S
@@ -87,9 +94,9 @@ FULL = RatesPlan()
 #: A rough calibration in a few seconds (tests, a first look): the ends and middle of each table, one round.
 #: The suites' kernels at a quarter of their reference work.
 QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
-                  gemv_sides=(64, 256, 1024, 4096),
-                  dp_rows=(16, 256), suite_points=tuple((suite, variant, size // 2) for suite, variant, size in
-                                                        SUITE_POINTS), rounds=1, least=0.002)
+                  gemv_sides=(64, 256, 1024, 2048), dp_rows=(16, 256), moe_tokens=(64, 256),
+                  suite_points=tuple((suite, variant, size // 2) for suite, variant, size in SUITE_POINTS),
+                  rounds=1, least=0.002)
 
 
 def local_rates(threads, comm=None, plan=FULL):
@@ -107,7 +114,8 @@ def local_rates(threads, comm=None, plan=FULL):
     thin = {dtype: [2 * d * plan.thin_side**2 / seconds["gemm_thin", dtype, d] for d in plan.thin_rows]
             for dtype in DTYPES}
     return dict(gemm=gemm, gemm_thin=thin, **suites,
-                dp_step={dtype: [[rows, seconds["dp", dtype, rows]] for rows in plan.dp_rows] for dtype in DTYPES},
+                **{table: {dtype: [[size, seconds[table, dtype, size]] for size in getattr(plan, field)]
+                           for dtype in DTYPES} for table, (_, _, field) in STEPS.items()},
                 reduce=[[n, seconds["reduce", n]] for n in plan.local_sizes],
                 copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
                 gemv={dtype: [[side * side * np.dtype(dtype).itemsize, seconds["gemv", dtype, side]]
@@ -122,7 +130,7 @@ def _table_spreads(samples):
     suites' kernels), or None for a one-round plan."""
     tables = {}
     for key, values in samples.items():
-        name = key[1] if key[0] == "suite" else {"kernel": "kernel_rows", "dp": "dp_step"}.get(key[0], key[0])
+        name = key[1] if key[0] == "suite" else {"kernel": "kernel_rows"}.get(key[0], key[0])
         tables.setdefault(name, []).append(values)
     spreads = {name: table_spread(lists) for name, lists in tables.items()}
     return None if None in spreads.values() else spreads
@@ -179,11 +187,11 @@ def _items(stack, plan):
         for d in plan.thin_rows:
             items["gemm_thin", dtype, d] = _rotating_product(rng.random((d, plan.thin_side)).astype(dtype), squares)
         for side in plan.gemv_sides:
-            a, x = rng.random((side, side)).astype(dtype), rng.random(side).astype(dtype)
+            a, x = np.full((side, side), 0.5, dtype), np.full(side, 0.5, dtype)  # any values: a GEMV's time
             items["gemv", dtype, side] = _product(a, x)
     for (kind, suite, variant, dtype, size), (case, state) in _suite_states(stack, plan):
-        if kind == "dp":
-            items["dp", dtype, size] = _runner(case, state)
+        if kind in STEPS:
+            items[kind, dtype, size] = _runner(case, state)
         else:
             items["suite", suite, variant, dtype] = _runner(case, state)
             items.points[suite, variant, dtype] = case, state
@@ -225,12 +233,14 @@ def check_suites(plan=FULL):
 
 
 def _suite_states(stack, plan):
-    """``((kind, suite, variant, dtype, size), (case, state))`` of the suites' points and the ``dp`` steps."""
+    """``((kind, suite, variant, dtype, size), (case, state))`` of the suites' points (kind ``"suite"``) and the
+    calibrated steps (kind: their table, `STEPS`)."""
     for dtype in DTYPES:
         for suite, variant, size in plan.suite_points:
             yield ("suite", suite, variant, dtype, size), _suite_state(stack, suite, variant, size, dtype)
-        for rows in plan.dp_rows:
-            yield ("dp", "dp", "mpi", dtype, rows), _suite_state(stack, "dp", "mpi", rows, dtype)
+        for table, (suite, variant, field) in STEPS.items():
+            for size in getattr(plan, field):
+                yield (table, suite, variant, dtype, size), _suite_state(stack, suite, variant, size, dtype)
 
 
 def _suite_state(stack, suite, variant, size, dtype):

@@ -49,22 +49,43 @@ class MixtureOfExpertsModel(Model):
         """Balanced routing: the gate GEMMs of a rank's ceil(T / p) tokens over the E experts, k rows per token
         through its experts (six GEMMs each, `terms.dense_layers` of hidden -> ffn -> hidden), a handful
         of routing passes, and per pass an ``Alltoall`` of counts and two ``Alltoallv`` of the routed
-        rows (dispatch, combine; MPI's or the ``MOE_ALLTOALL`` algorithm's, `_alltoall`), then the allreduce of the gate gradient and the statistics. An uneven
+        rows (dispatch, combine; MPI's or the ``MOE_ALLTOALL`` algorithm's, `_alltoall`), then the allreduce of the gate gradient and the statistics. The compute on the
+        line through the two calibrated one-rank ``top1`` steps around this rank's tokens (`terms.fitted_step`: a
+        fixed cost of the step's Python calls and a scale; a calibration without them: the terms alone). An uneven
         routing (``load_imbalance`` in params) makes the busiest rank slower than this."""
         try:
             self.check_ranks(ranks, variant)
         except InputError:
             return None
-        cfg, k, item = self.config, TOP_K[variant], terms.itemsize(calib)
-        tokens, experts = math.ceil(size / ranks), cfg["experts_per_rank"] * ranks
+        cfg, k = self.config, TOP_K[variant]
+        tokens = math.ceil(size / ranks)
+        if "moe_step" in calib:
+            def calibrated_step(count):  # top1 on one rank
+                return self._local(calib, 1, count, 1, ranks) + self._messages(calib, 1, count, 1)
+            fixed, scale = terms.fitted_step(calib, "moe_step", calibrated_step, ranks, tokens)
+        else:
+            fixed, scale = 0.0, 1.0
+        return fixed + scale * self._local(calib, k, tokens, ranks, ranks) + self._messages(calib, k, tokens, ranks)
+
+    def _local(self, calib, k, tokens, experts_ranks, ranks):
+        """Seconds of one rank's compute for ``tokens`` tokens, top-``k``, on ``experts_ranks`` ranks of experts
+        (the gate's width), at the threads and sharing of one of ``ranks`` ranks: its experts' layers and the
+        gate's GEMMs and calls."""
+        cfg = self.config
         rows = math.ceil(k * tokens / cfg["experts_per_rank"])
         forward, backward = terms.dense_layers(calib, (cfg["hidden"], cfg["ffn"], cfg["hidden"]), rows, ranks)
-        gate = 3 * terms.gemm(calib, tokens, experts, cfg["hidden"], ranks) + terms.calls(calib, 40)
+        gate = 3 * terms.gemm(calib, tokens, cfg["experts_per_rank"] * experts_ranks, cfg["hidden"], ranks)
+        return cfg["experts_per_rank"] * (forward + backward) + gate + terms.calls(calib, 40)
+
+    def _messages(self, calib, k, tokens, ranks):
+        """Seconds of one rank's all-to-alls (counts, dispatch and combine, forward and backward, with the copies
+        of the routed rows) and allreduces (the gate's gradient, the statistics) on ``ranks`` ranks."""
+        cfg, item = self.config, terms.itemsize(calib)
         routed = k * tokens * cfg["hidden"] * item
         exchange = 2 * (self._alltoall(calib, 8 * cfg["experts_per_rank"] * ranks, 8, ranks, "auto")
                         + 2 * self._alltoall(calib, routed, item, ranks, "scattered") + 2 * terms.copy(calib, routed))
-        reduce = collective_terms.allreduce(calib, cfg["hidden"] * experts * item, ranks) + collective_terms.allreduce(calib, 64, ranks)
-        return cfg["experts_per_rank"] * (forward + backward) + gate + exchange + reduce
+        gate = cfg["hidden"] * cfg["experts_per_rank"] * ranks * item
+        return exchange + collective_terms.allreduce(calib, gate, ranks) + collective_terms.allreduce(calib, 64, ranks)
 
     def _alltoall(self, calib, nbytes, itemsize, ranks, auto):
         """One all-to-all of ``nbytes`` per rank: MPI's library term, or the ``MOE_ALLTOALL`` algorithm's

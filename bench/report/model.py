@@ -32,9 +32,10 @@ KEYS = NUMBERS + RATES + TABLES
 #: when present).
 OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
 #: Tables checked when present, each needing no other key: MPI's collective calls timed on two ranks
-#: (`bench.library_tables`; an inter-node file's replace the intra-node ones in projections) and the local
-#: GEMVs (`bench.local_rates`; without them the gemv model prices the matrix read as a copy).
-LIBRARY, GEMV = "library", "gemv"
+#: (`bench.library_tables`; an inter-node file's replace the intra-node ones in projections), the local
+#: GEMVs and the moe steps (`bench.local_rates`; without them the gemv model prices the matrix read as a copy,
+#: the moe model its terms alone).
+LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step")
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
@@ -75,7 +76,7 @@ def load_calibration(path):
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     busy = calib.get("busy")
-    checked = TABLES + tuple(key for key in OPTIONAL_TABLES + (LIBRARY, GEMV) if key in calib)
+    checked = TABLES + tuple(key for key in OPTIONAL_TABLES + (LIBRARY,) + LATER_TABLES if key in calib)
     for name, table in [(key, calib[key]) for key in checked] + [
             (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy]:
         if not isinstance(table, (list, dict)) or not table:

@@ -107,6 +107,19 @@ def test_gemv_reads_the_busiest_block_at_the_calibrated_gemv_time_and_an_older_f
         terms.gemv(calib, 4 * rows * cols, ranks)  # the float64 table by bytes where the file has no float32 one
 
 
+def test_a_moe_step_table_adds_its_fixed_cost_to_the_terms_of_every_point():
+    """Calibrated one-rank top1 steps that are the model's own terms plus 1 ms: every point gains that 1 ms
+    (the scale stays 1); a calibration without them prices the terms alone."""
+    calib, model = calibration(cores=1), get_model("moe")
+
+    def step(tokens):
+        return model._local(calib, 1, tokens, 1, 1) + model._messages(calib, 1, tokens, 1) + 1e-3
+    with_steps = dict(calib, moe_step={"float64": [[count, [step(count)] * 2] for count in (128, 1024)]})
+    for variant, tokens, ranks in (("top1", 512, 1), ("top2", 4096, 2), ("top1", 100, 3)):
+        assert model.predict(variant, tokens, ranks, with_steps) == pytest.approx(
+            model.predict(variant, tokens, ranks, calib) + 1e-3)
+
+
 def test_dis_smo_prices_the_rows_its_cache_computed():
     calib = dict(LATENCY_ONLY, kernel_rows=[1e6, 1e6], reduce=[[1, 0.0], [BIG, 0.0]])  # calls and passes free
 
