@@ -74,8 +74,10 @@ class HybridModel(Model):
     def predict(self, variant, size, ranks, calib):
         """A (dp, tp, pp) step: per micro-batch of ceil(n / dp) / m samples a stage runs its ceil(blocks / pp)
         blocks (six GEMMs of the ffn / tp shard, `terms.dense_layers`, and two tensor allreduces of
-        the block's activations: MPI's or the algorithm ``HYBRID_COLLECTIVES`` names); `terms.pipeline` over the stages; then the gradient allreduce over dp
-        and the SGD update."""
+        the block's activations: MPI's or the algorithm ``HYBRID_COLLECTIVES`` names), each block's weight
+        gradients written (a copy) and added to the step's sum (a reduction); `terms.pipeline` over the stages;
+        then the gradient allreduce over dp, the sums copied to the layers and the SGD update with momentum
+        (three in-place passes and a scaled copy)."""
         try:
             self.check_ranks(ranks, variant)
         except InputError:
@@ -87,11 +89,13 @@ class HybridModel(Model):
         forward, backward = terms.dense_layers(calib, (self.hidden, self.ffn, self.hidden), rows, ranks, split=tp)
         algorithm = FAMILIES.get(self.collectives, ("mpi",))[0]
         tensor = 2 * collective_terms.allreduce(calib, rows * self.hidden * item, tp, algorithm) if tp > 1 else 0.0
-        stage = blocks * (forward + backward + tensor)
-        gradients = blocks * (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
+        block_gradients = (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
+        summed = terms.copy(calib, block_gradients) + terms.reduction(calib, block_gradients)
+        stage = blocks * (forward + backward + tensor + summed)
+        gradients = blocks * block_gradients
         exchange = collective_terms.allreduce(calib, gradients, dp) if dp > 1 else 0.0
-        return (terms.pipeline(calib, stage, rows * self.hidden * item, m, pp) + exchange
-                + terms.reduction(calib, gradients))
+        update = terms.copy(calib, gradients) + 3 * terms.reduction(calib, gradients) + terms.copy(calib, gradients)
+        return terms.pipeline(calib, stage, rows * self.hidden * item, m, pp) + exchange + update
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """This rank's shard of its stage's blocks (``blocks / pp`` blocks of ``2 hidden ffn / tp``

@@ -120,6 +120,17 @@ def test_a_moe_step_table_adds_its_fixed_cost_to_the_terms_of_every_point():
             model.predict(variant, tokens, ranks, calib) + 1e-3)
 
 
+def test_hybrid_counts_each_blocks_weight_gradients_per_micro_batch_and_the_update_passes():
+    """Copies alone cost (1 ns a byte): the activations' element-wise steps, per micro-batch and block its weight
+    gradients written and summed, then the sums copied to the layers and the update's scaled copy."""
+    calib = calibration(alpha=0, beta=0, gamma=0, overhead=0, copy=1e-9, rate=1e30)
+    rows, hidden, ffn, blocks, micro_batches = 16, 512, 2048, 4, 4  # 64 samples; the suite's defaults
+    activations = 3 * 8 * rows * (ffn + hidden)                      # forward once, backward twice
+    block = 8 * (2 * hidden * ffn + ffn + hidden)
+    expected = micro_batches * blocks * (activations + block) + 2 * blocks * block
+    assert get_model("hybrid").predict("dp", 64, 1, calib) * 1e9 == pytest.approx(expected, rel=1e-6)
+
+
 def test_dis_smo_prices_the_rows_its_cache_computed():
     calib = dict(LATENCY_ONLY, kernel_rows=[1e6, 1e6], reduce=[[1, 0.0], [BIG, 0.0]])  # calls and passes free
 
