@@ -10,8 +10,6 @@ through `bench.faults.agree`; an error inside timed work raised on every rank is
 rank too (`bench.faults.failing_together`), and on some ranks alone (the others wait in a
 collective) it aborts the job (`bench.faults.abort_job`).
 """
-import contextlib
-import functools
 import os
 import socket
 from dataclasses import dataclass, field
@@ -23,20 +21,16 @@ from threadpoolctl import threadpool_limits
 
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
-from bench.faults import (AGREED, AgreedInputError, abort_job, agree, agreed_error, failing_together, sleeping_barrier,
-                          uninterrupted)
-from bench.load import PointLoad
+from bench.faults import AGREED, AgreedInputError, abort_job, agree, agreed_error, sleeping_barrier, uninterrupted
+from bench.point import measure_point
 from bench.progress import Progress
-from bench.provenance import DevicePeak, device_description, mpi_library, placement
-from bench.stability import MAX_POINT_SECONDS, MAX_SPREAD, Resampling
-from bench.timing import measure
+from bench.provenance import device_description, mpi_library, placement
+from bench.stability import MAX_POINT_SECONDS, MAX_SPREAD
 from bench.units import format_size
 from kernels.backend import get_backend
 from kernels.errors import InputError
 
 SCALINGS = ("strong", "weak")
-#: Fewest untimed runs on a device backend: the first runs compile kernels and create cuBLAS handles.
-DEVICE_WARMUP = 2
 
 
 @dataclass
@@ -222,7 +216,7 @@ def _measure_points(sub, node, threads, case, config, backend, results, provenan
             if not sub.bcast(progress and progress.begin(), root=0):
                 return wrong_total
             with threadpool_limits(limits=threads):
-                row = _measure_point(sub, node, threads, case, config, backend, variant, size)
+                row = measure_point(sub, node, threads, case, config, backend, variant, size)
             if progress:
                 progress.finish()
             wrong_total += row["wrong"] or 0
@@ -260,63 +254,3 @@ def _record(results, row, emit):
     with uninterrupted():
         results.append(row)
     emit(row)
-
-
-def _measure_point(sub, node, threads, case, config, backend, variant, size):
-    """Set up, time, check and tear down one point on every rank of ``sub``; return its row.
-
-    Set-up, check, metrics and teardown go through `agree`; an error inside the
-    timed work on every rank is agreed (`failing_together`); on some ranks alone it aborts the job.
-    """
-    peak = DevicePeak(backend)
-    problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
-    with _torn_down(sub, case, state):
-        load = PointLoad(sub, node, threads)
-        with failing_together(sub):  # the same error on every rank: one line; on some ranks alone: abort
-            timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize,
-                             resampling=Resampling(config.max_spread, config.max_point_seconds))
-        load = load.finish()
-        wrong, metrics, params = agree(sub, _conclude, case, state, problem, timing, config.check)
-        params["load"] = load
-        wrong = sub.allreduce(wrong) if config.check else None
-    if peak.on_device:
-        params["device_peak_bytes"] = sub.allreduce(peak.bytes(), op=MPI.MAX)
-    return dict(
-        iters=iters, warmup=warmup, t_min_s=timing.t_min, t_med_s=timing.t_med, t_max_s=timing.t_max,
-        spread=round(timing.spread, 4), stable=int(timing.stable(config.max_spread)),
-        gflops=metrics.gflops, algbw_gbs=metrics.algbw_gbs, busbw_gbs=metrics.busbw_gbs,
-        items_per_s=metrics.items_per_s, metric=metrics.metric, metric_value=metrics.metric_value,
-        wrong=wrong, params=params, size_label=format_size(size),
-    )
-
-
-@contextlib.contextmanager
-def _torn_down(sub, case, state):
-    """Tear the point's ``state`` down on every rank of ``sub`` when the block ends, also by an
-    `AGREED` error; any other error is one rank's alone and ends the job (no collective here)."""
-    try:
-        yield
-    except AGREED:
-        agree(sub, case.teardown, state)
-        raise
-    agree(sub, case.teardown, state)
-
-
-def _prepare(sub, case, config, backend, variant, size):
-    """The point's problem size (the suite's model), iterations, warm-up runs (>= `DEVICE_WARMUP` on a device),
-    `case.setup`'s state."""
-    problem = case.model.problem_size(size, sub.size, config.scaling)
-    default_iters, default_warmup = case.iterations(problem)
-    iters = config.iters or default_iters
-    warmup = default_warmup if config.warmup is None else config.warmup
-    if backend.name != "numpy":
-        warmup = max(warmup, DEVICE_WARMUP)
-    return problem, iters, warmup, case.setup(sub, problem, variant, backend, config.dtype)
-
-
-def _conclude(case, state, problem, timing, check):
-    """This rank's wrong elements (None unchecked), the point's metrics and params."""
-    wrong = case.check(state) if check else None
-    metrics = case.metrics(state, timing.t_med)  # before params: cases may gather figures there
-    extra = {"samples": timing.samples} if timing.samples > timing.iters else {}  # sampled again: it was unstable
-    return wrong, metrics, dict(case.params(state), problem_size=problem, repeats=timing.repeats, **extra)

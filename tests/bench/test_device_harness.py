@@ -6,7 +6,8 @@ import pytest
 import bench.sweep
 from bench.csvio import read_rows
 from bench.faults import AgreedInputError
-from bench.sweep import DEVICE_WARMUP, SweepConfig, plan_points, run_sweep
+from bench.point import DEVICE_WARMUP
+from bench.sweep import SweepConfig, plan_points, run_sweep
 from kernels.backend import get_backend
 from kernels.errors import InputError
 from tests.fake_cases import TinyCase
