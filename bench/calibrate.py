@@ -114,6 +114,15 @@ def check_output_path(path):
         raise InputError(f"calibrate --out {path}: cannot write in {folder}")
 
 
+def summary_line(constants, path):
+    """The line `calibrate` ends with: the scope, the message, memory and GEMM constants and where they went."""
+    return (f"calibrate ({constants['scope']}{', quick' if constants.get('quick') else ''}): overhead "
+            f"{constants['overhead_s'] * 1e6:.2f} us + alpha {constants['alpha_s'] * 1e6:.2f} us per message, "
+            f"1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f} GB/s, 1/gamma "
+            f"{1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy {constants['memcpy_bytes_per_s'] / 1e9:.2f}"
+            f" GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s per thread -> {path}")
+
+
 def write_calibration(path, constants):
     """Write ``constants`` as JSON to ``path`` whole or not at all: a temporary file in the same folder, renamed
     over ``path`` once complete (a full disk leaves an earlier calibration at ``path`` as it was)."""

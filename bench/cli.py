@@ -181,31 +181,16 @@ def command_run(args, out, err):
 
 
 def command_sweep(args, argv):
-    from bench.launch import run_under_mpi
+    from bench.launch import run_under_mpi, strip_options
 
     requested = max(parse_ranks(args.ranks, 1 << 30)) if args.ranks else None
     np_ = args.np if args.np is not None else requested or os.cpu_count() or 1
     if np_ < 1:
         raise InputError(f"--np must be >= 1, got {np_}")
     make_config(args, np_)
-    forwarded = _strip_options(argv[1:], {"--np": True, "--launcher": True})
+    forwarded = strip_options(argv[1:], {"--np": True, "--launcher": True})
     terminal = ["--tty"] if sys.stdout.isatty() else []  # the ranks' stdout is a pipe of the launcher
     return run_under_mpi(np_, args.launcher, ["run"] + forwarded + terminal)
-
-
-def _strip_options(argv, options):
-    """``argv`` without the named options (and their values)."""
-    kept, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        name = item.split("=", 1)[0]
-        if name in options:
-            skip = options[name] and "=" not in item
-            continue
-        kept.append(item)
-    return kept
 
 
 def command_report(args, out, err):
@@ -233,11 +218,11 @@ def command_calibrate(args, argv, out):
     check_output_path(args.out)
     check_max_spread(args.max_spread)
     if not args.in_job:
-        from bench.launch import run_under_mpi
+        from bench.launch import run_under_mpi, strip_options
 
-        forwarded = _strip_options(argv, {"--launcher": True}) + ["--in-job"]
+        forwarded = strip_options(argv, {"--launcher": True}) + ["--in-job"]
         return run_under_mpi(2, args.launcher, forwarded)
-    from bench.calibrate import calibrate, write_calibration
+    from bench.calibrate import calibrate, summary_line, write_calibration
 
     comm = _mpi_world()
     try:
@@ -250,12 +235,7 @@ def command_calibrate(args, argv, out):
         for line in judge_calibration(constants, args.max_spread, args.force, args.out):
             out(line)
         write_calibration(args.out, dict(constants, max_spread=args.max_spread))
-        out(f"calibrate ({constants['scope']}{', quick' if args.quick else ''}): overhead "
-            f"{constants['overhead_s'] * 1e6:.2f} us + alpha "
-            f"{constants['alpha_s'] * 1e6:.2f} us per message, 1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f}"
-            f" GB/s, 1/gamma {1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy "
-            f"{constants['memcpy_bytes_per_s'] / 1e9:.2f} GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} "
-            f"GFLOP/s per thread -> {args.out}")
+        out(summary_line(constants, args.out))
     return EXIT_OK
 
 

@@ -59,6 +59,22 @@ def check_open_mpi_as_root(mpiexec):
                          f"{'=1 '.join(ROOT_VARIABLES)}=1 in the environment, or run as another user")
 
 
+def strip_options(argv, options):
+    """``argv`` without the options named in ``options`` (name -> whether it takes a value, given as the next
+    item or after ``=``): the command line a launcher passes on to the job it starts."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        name = item.split("=", 1)[0]
+        if name in options:
+            skip = options[name] and "=" not in item
+            continue
+        kept.append(item)
+    return kept
+
+
 def launch_command(np_, launcher, program):
     """The argument list that runs ``program`` (a list) on ``np_`` ranks.
 
