@@ -17,7 +17,7 @@ from kernels.backend import array_module
 from kernels.comm.counting import CountingComm
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product, make_kernel
-from svm.solver.smo import check_samples, check_solver_options
+from svm.solver.checks import check_samples, check_solver_options
 
 
 def resolve_comm(comm):

@@ -33,7 +33,8 @@ from svm.solver.gram import kernel_product
 from svm.distributed.common import ParallelSVC, allgather_blocks
 from svm.distributed.local_models import LocalModels
 from svm.distributed.partition import check_positive_int, gather_labels
-from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, smo_solve
+from svm.solver.checks import check_samples
+from svm.solver.smo import DEFAULT_CACHE_BYTES, smo_solve
 
 
 @dataclass

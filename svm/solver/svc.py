@@ -9,7 +9,8 @@ import numpy as np
 from kernels.backend import array_module
 from kernels.errors import InputError
 from svm.solver.gram import kernel_product, make_kernel
-from svm.solver.smo import DEFAULT_CACHE_BYTES, check_samples, check_solver_options, smo_solve
+from svm.solver.checks import check_samples, check_solver_options
+from svm.solver.smo import DEFAULT_CACHE_BYTES, smo_solve
 
 
 class SVC:
