@@ -22,6 +22,10 @@ from kernels.errors import InputError
 #: 8,64K,1M,16M``): quiet, 28 points, spread median 0.063, largest 0.14; beside two CPU-bound processes,
 #: 12 points, median 1.19, largest 2.25 (4 below 0.25: 8-byte points whose samples average many runs).
 MAX_SPREAD = 0.25
+#: Below this fraction of a GEMM's rate alone, the node's ranks computing at once were sharing cores
+#: (`shared_cores_warning`). Measured here: 0.93-1.02 in 17 calibrations, 0.55 in one (a host lending the VM's
+#: two virtual cores one physical core for a while: the sweeps after it ran at the alone rate).
+SHARED_CORES_RATIO = 0.75
 #: The default ``--max-point-seconds``: extra sampling of one unstable point at most this long.
 MAX_POINT_SECONDS = 2.0
 #: An unstable point takes at most this many times its ``--iters`` samples in all.
@@ -97,14 +101,38 @@ def unstable_tables(constants, max_spread):
 
 def judge_calibration(constants, max_spread, force, path):
     """The ``#`` lines naming each unstable table of a calibration (`unstable_tables`) for ``calibrate`` to print
-    before it writes ``path``; `kernels.errors.InputError` (nothing written) when there is one and not ``force``."""
+    before it writes ``path``, and the warning of `shared_cores_warning`; `kernels.errors.InputError` (nothing
+    written) when a table is unstable and not ``force``."""
     unstable = unstable_tables(constants, max_spread)
     if unstable and not force:
         raise InputError(f"{len(unstable)} calibration table(s) unstable (spread > {max_spread:g}): "
                          f"{', '.join(name for name, _ in unstable)}; {path} not written: run again on a quieter "
                          f"node, or give --force to write it")
+    shared = shared_cores_warning(constants)
     return [f"# unstable: calibration table {name}: spread {value:.2f} > {max_spread:g} (its rounds disagree; "
-            f"is the node busy?)" for name, value in unstable]
+            f"is the node busy?)" for name, value in unstable] + ([shared] if shared else [])
+
+
+def shared_cores_warning(constants):
+    """A ``#`` line when the node's ranks, all computing at once (``busy``), ran the largest float64 GEMM below
+    `SHARED_CORES_RATIO` of its rate on one rank alone at the same threads: they did not each have their
+    own cores (hyperthreads of one core, another job, a host that lends the virtual cores one physical
+    core), and the models of points on 2+ ranks take that sharing as the node's. None otherwise, or
+    without ``busy`` rates."""
+    busy = constants.get("busy")
+    if not busy or "gemm" not in busy or "gemm" not in constants:
+        return None
+    one, every = (rates[-1] for rates in constants["gemm"]["float64"])
+    cores, threads = int(constants.get("cores", 1)), busy["threads"]
+    alone = one if cores == 1 else one + (every - one) * (min(threads, cores) - 1) / (cores - 1)
+    shared = busy["gemm"]["float64"][-1]
+    if shared >= SHARED_CORES_RATIO * alone:
+        return None
+    return (f"# warning: with all {busy['ranks']} ranks of the node computing at once, GEMM ran at "
+            f"{shared / alone:.0%} of its rate alone ({shared / 1e9:.1f} against {alone / 1e9:.1f} GFLOP/s per "
+            f"rank, {threads} thread(s) each): the ranks did not each have their own cores (hyperthreads, another "
+            f"job, a virtual machine's host); models of points on 2+ ranks assume that sharing (calibrate again "
+            f"if it was passing)")
 
 
 def unstable_note(row, max_spread):

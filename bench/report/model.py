@@ -16,7 +16,7 @@ import json
 import math
 from datetime import datetime
 
-from bench.stability import MAX_SPREAD, unstable_tables
+from bench.stability import MAX_SPREAD, shared_cores_warning, unstable_tables
 from kernels.errors import InputError
 
 #: Positive numbers every calibration holds.
@@ -102,6 +102,13 @@ def unstable_note(calib):
         return None
     return (f"report: warning: unstable calibration tables in {'; '.join(parts)}: the predictions resting on them "
             f"are as unsteady (run mlscale calibrate again on a quieter node)")
+
+
+def shared_cores_note(calib):
+    """The report's warning when the ranks of the calibration's node shared their cores while it measured
+    (`bench.stability.shared_cores_warning`), or None."""
+    warning = shared_cores_warning(calib)
+    return warning and f"report: warning: {calib['path']}: {warning[len('# warning: '):]}"
 
 
 def provenance_note(calib, rows):

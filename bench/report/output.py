@@ -13,7 +13,7 @@ import os
 import statistics
 
 from bench.report.analysis import analyse
-from bench.report.model import for_projection, provenance_note, unstable_note
+from bench.report.model import for_projection, provenance_note, shared_cores_note, unstable_note
 from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
                                   projections, scaling_table, serial_fractions, unstable)
 from bench.report.summary import markdown
@@ -45,7 +45,8 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
     counts = sorted({entry["ranks"] for entry in table})
     if len(counts) < 2:
         notes.append(f"report: only one rank count ({counts[0]}) was measured, so speedup and efficiency are trivial")
-    calibration_notes = [note for note in (unstable_note(calib), provenance_note(calib, rows)) if note] if calib else []
+    calibration_notes = [note for note in (unstable_note(calib), shared_cores_note(calib), provenance_note(calib, rows))
+                         if note] if calib else []
     model_notes = model_error_lines(table) + calibration_notes
     if projected:
         model_notes.append(f"report: projection to {', '.join(map(str, project))} ranks uses "

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from bench.report.model import load_calibration, load_calibrations
+from bench.report.model import load_calibration, load_calibrations, shared_cores_note
 from bench.report.output import write_report
 from bench.stability import judge_calibration, table_spread, unstable_tables
 from kernels.errors import InputError
@@ -38,6 +38,21 @@ def test_calibrate_refuses_an_unstable_table_unless_forced():
                      "node busy?)", "# unstable: calibration table one_thread.gemm: spread 0.30 > 0.25 (its "
                      "rounds disagree; is the node busy?)"]
     assert judge_calibration(constants, 0.5, False, "c.json") == []
+
+
+@pytest.mark.parametrize("busy_rate, warned", [(30e9, True), (40e9, False), (44e9, False)])
+def test_calibrate_warns_when_the_ranks_computing_at_once_shared_their_cores(busy_rate, warned):
+    """Alone 50 GFLOP/s on one thread (100 on two cores): ranks with a thread each at 30 shared cores."""
+    constants = dict(cores=2, gemm={"float64": [[10e9, 50e9], [20e9, 100e9]]},
+                     busy=dict(ranks=2, threads=1, gemm={"float64": [10e9, busy_rate]}))
+    lines = judge_calibration(constants, 0.25, False, "c.json")
+    assert lines == (["# warning: with all 2 ranks of the node computing at once, GEMM ran at 60% of its rate "
+                      "alone (30.0 against 50.0 GFLOP/s per rank, 1 thread(s) each): the ranks did not each have "
+                      "their own cores (hyperthreads, another job, a virtual machine's host); models of points "
+                      "on 2+ ranks assume that sharing (calibrate again if it was passing)"] if warned else [])
+    assert judge_calibration({key: constants[key] for key in ("cores", "gemm")}, 0.25, False, "c.json") == []  # no busy
+    assert shared_cores_note(dict(constants, path="c.json")) == (
+        f"report: warning: c.json: {lines[0][len('# warning: '):]}" if warned else None)
 
 
 def test_a_report_warns_of_the_unstable_tables_of_its_calibrations(tmp_path):
