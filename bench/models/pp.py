@@ -62,7 +62,8 @@ class PipelineModel(Model):
         """MLP with ``layers`` balance: the busiest stage's Linear layers (`terms.dense_layers`) on one
         micro-batch of n / m samples, `terms.pipeline` of it (``m + p - 1`` slots for gpipe and 1f1b,
         ``m`` for PipeDream's steady state, an activation message each way per micro-batch), and the
-        passes over the stage's B parameter bytes as `parallel.pipeline` makes them: gpipe and 1f1b add
+        passes over the stage's B parameter bytes as `parallel.pipeline` makes them: every micro-batch's
+        backward writes its weight gradients (a copy of B); gpipe and 1f1b add
         each micro-batch's gradient to the step's sum (a reduction of B), zero the sum and copy it out once
         a step, then one SGD update (``lr g`` into scratch, a copy of B; ``w -=`` it, a reduction of B);
         PipeDream updates after every micro-batch and, on several stages, stashes a copy of the weights
@@ -79,7 +80,7 @@ class PipelineModel(Model):
         forward, backward = terms.dense_layers(calib, (self.width, self.width), rows, ranks)
         stage_bytes = linears * (self.width + 1) * self.width * item
         update = terms.copy(calib, stage_bytes) + terms.reduction(calib, stage_bytes)  # SGD: lr g, then w -= it
-        stage = linears * (forward + backward)
+        stage = linears * (forward + backward) + terms.copy(calib, stage_bytes)  # the weight gradients written
         if variant == PIPEDREAM:  # an update per micro-batch, and a stashed copy of the weights it overwrites
             stage += update + (terms.copy(calib, stage_bytes) if ranks > 1 else 0.0)
             return terms.pipeline(calib, stage, rows * self.width * item, self.micro_batches, ranks, flush=False)

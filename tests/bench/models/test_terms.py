@@ -131,6 +131,16 @@ def test_hybrid_counts_each_blocks_weight_gradients_per_micro_batch_and_the_upda
     assert get_model("hybrid").predict("dp", 64, 1, calib) * 1e9 == pytest.approx(expected, rel=1e-6)
 
 
+def test_pp_writes_its_stages_weight_gradients_every_micro_batch():
+    """Copies alone cost (1 ns a byte): per micro-batch the activations' element-wise steps and the weight
+    gradients written, then the step's zeroing (half a copy), copy out and scaled update."""
+    calib = calibration(alpha=0, beta=0, gamma=0, overhead=0, copy=1e-9, rate=1e30)
+    rows, width, linears, micro_batches = 8, 1024, 8, 8  # 64 samples; the suite's defaults on one stage
+    weights = 8 * linears * (width + 1) * width
+    expected = micro_batches * (linears * 3 * 8 * rows * width + weights) + 2.5 * weights
+    assert get_model("pp").predict("gpipe", 64, 1, calib) * 1e9 == pytest.approx(expected, rel=1e-6)
+
+
 def test_dis_smo_prices_the_rows_its_cache_computed():
     calib = dict(LATENCY_ONLY, kernel_rows=[1e6, 1e6], reduce=[[1, 0.0], [BIG, 0.0]])  # calls and passes free
 
