@@ -3,6 +3,7 @@ from pathlib import Path
 
 from bench.models import collective_terms, terms
 from bench.models.base import Model
+from bench.models.terms import log2_ceil
 from bench.settings import Setting
 from kernels.errors import InputError
 from svm.datasets import NAMES, SYNTHETIC_FEATURES, TEST_FRACTION
@@ -37,6 +38,10 @@ ITERATION_CALLS = 70
 #: Calls of one kernel row computed (`svm.solver.gram.Kernel.block` for RBF: the product, the norms, five
 #: in-place passes, the cache's insertion).
 ROW_CALLS = 10
+#: Calls of the Python reduction op (`svm.distributed.dis_smo._keep_better`: two buffer views, the comparison in
+#: five passes, the masked copy) a rank runs at each step of an ``Allreduce`` of candidates: 8-13 us here, as an
+#: ``Allreduce`` with it took 22-27 us against 6-7 us with ``MPI.MAX`` on 2 ranks.
+OP_CALLS = 12
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
 _SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
 _PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
@@ -62,7 +67,7 @@ class SVMModel(Model):
     def predict(self, variant, size, ranks, calib):
         """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
         follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
-        small ``Allreduce`` with a Python reduction op, about 70 NumPy and Python calls (`ITERATION_CALLS`)
+        small ``Allreduce`` with a Python reduction op (`OP_CALLS` calls at each of its log2 p steps), about 70 NumPy and Python calls (`ITERATION_CALLS`)
         and four passes over a rank's n / p gradient entries; the kernel rows the fit computed
         (``kernel_rows`` in params, its cache's misses; a file without them: every row the iterations could
         touch, at most n) over the rank's n / p columns at the calibrated rate (`terms.kernel_rows`, scaled
@@ -73,8 +78,8 @@ class SVMModel(Model):
         if variant != "dis_smo" or not params.get("n_iter"):
             return None
         iterations, local = int(params["n_iter"]), size / ranks
-        step = 2 * (collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2)) + terms.calls(calib, ITERATION_CALLS) + \
-            4 * terms.copy(calib, 8 * local)
+        candidates = collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2 + OP_CALLS * log2_ceil(ranks))
+        step = 2 * candidates + terms.calls(calib, ITERATION_CALLS) + 4 * terms.copy(calib, 8 * local)
         computed = params.get("kernel_rows") or min(size, 2 * iterations)
         row = local / terms.kernel_rows(calib, ranks) * params.get("n_features", 784) / 784 + \
             terms.calls(calib, ROW_CALLS)

@@ -2,6 +2,7 @@
 import pytest
 
 from bench.models import collective_terms, get_model, terms
+from bench.models import svm as svm_model
 from tests.bench.report_rows import BIG, calibration
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
@@ -148,6 +149,15 @@ def test_dis_smo_prices_the_rows_its_cache_computed():
         return get_model("svm").predict("dis_smo", 1000, 2, dict(calib, point_params=dict(SVM_POINT, **params)))
     assert predict(kernel_rows=17) - predict(kernel_rows=7) == pytest.approx(10 * 500 / 1e6)  # n / p columns each
     assert predict() == pytest.approx(predict(kernel_rows=20))  # a file without them: two rows per iteration
+
+
+def test_dis_smo_prices_its_python_reduction_op_at_every_step_of_each_allreduce():
+    call = 1e-6  # messages and passes free, each small NumPy call a microsecond
+    calib = dict(calibration(alpha=0, beta=0, gamma=0, overhead=0, copy=0, rate=1e30), kernel_rows=1e30,
+                 reduce=[[1, call], [BIG, call]], point_params=SVM_POINT)
+    model = get_model("svm")
+    added = model.predict("dis_smo", 1000, 4, calib) - model.predict("dis_smo", 1000, 2, calib)
+    assert added == pytest.approx(SVM_POINT["n_iter"] * 2 * svm_model.OP_CALLS * call)  # log2 4 - log2 2 steps
 
 
 def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
