@@ -66,13 +66,13 @@ class SVMModel(Model):
 
     def predict(self, variant, size, ranks, calib):
         """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
-        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two
-        small ``Allreduce`` with a Python reduction op (`OP_CALLS` calls at each of its log2 p steps), about 70 NumPy and Python calls (`ITERATION_CALLS`)
-        and four passes over a rank's n / p gradient entries; the kernel rows the fit computed
-        (``kernel_rows`` in params, its cache's misses; a file without them: every row the iterations could
-        touch, at most n) over the rank's n / p columns at the calibrated rate (`terms.kernel_rows`, scaled
-        by ``n_features`` / 784), `ROW_CALLS` calls each; the final gathers. None for the other
-        variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
+        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two small
+        ``Allreduce`` with a Python reduction op (`OP_CALLS` calls at each of its log2 p steps), about 70 NumPy
+        and Python calls (`ITERATION_CALLS`) and four passes over a rank's n / p gradient entries; the kernel
+        rows the fit computed (``kernel_rows`` in params, its cache's misses; a file without them: every row the
+        iterations could touch, at most n) over the rank's n / p columns at the calibrated rate
+        (`terms.kernel_rows`, scaled by ``n_features`` / 784), `ROW_CALLS` calls each; the final gathers. None
+        for the other variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
         function of the constants, so a model would only restate the measurement."""
         params = calib.get("point_params") or {}
         if variant != "dis_smo" or not params.get("n_iter"):
