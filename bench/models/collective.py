@@ -1,11 +1,11 @@
 """What the models of the collective suites share (`bench.families.collective`): settings, variants,
 rank rules, the cost model of every hand-written algorithm from its own steps, and the memory model.
 
-A hand-written algorithm is modelled from the `parallel.collectives.schedule.Schedule` it runs:
-`bench.models.collective_terms.schedule` prices each step (exchanges, one-way messages, reductions, copies)
-from the calibration, on the busiest of a few sampled ranks (rank 0, 1, the middle and the last;
-the algorithms are symmetric or rooted at 0), plus the Python path of one call (``call_s``). MPI's
-variant is priced by the library terms of its suite (`bench.models.terms`); ``nccl`` is not modelled.
+A hand-written algorithm is modelled from the `parallel.collectives.schedule.Schedule` it runs
+(`bench.models.collective_terms.hand_written`): each step (exchanges, one-way messages, reductions,
+copies) priced from the calibration, on the busiest of a few sampled ranks, plus the Python path of one
+call. MPI's variant is priced by the library terms of its suite (`bench.models.terms`); ``nccl`` is not
+modelled.
 """
 import numpy as np
 
@@ -59,10 +59,8 @@ class CollectiveModel(Model):
         if variant == "mpi":
             return self.library(calib, size, ranks)
         item = terms.itemsize(calib)
-        build, count = self.algorithms[variant], size // item
-        sampled = sorted({0, 1, ranks // 2, ranks - 1} & set(range(ranks)))
-        return calib["call_s"] + max(collective_terms.schedule(calib, build(rank, ranks, count, item, self.config["in_place"]),
-                                                    item) for rank in sampled)
+        return collective_terms.hand_written(calib, self.algorithms[variant], ranks, size // item, item,
+                                             in_place=self.config["in_place"])
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Send and receive buffers and the algorithm's scratch, about ``problem`` bytes each; the check

@@ -3,8 +3,8 @@
 Every function takes the calibration dict ``calib`` first and returns seconds, from the message,
 exchange and memory terms of `bench.models.terms`: an allreduce by algorithm (MPI's grown from its
 calibrated call on two ranks), MPI's other collectives by their formulas in calibrated messages and
-scaled from their calibrated calls (`library`), and one rank's steps of a hand-written collective
-(`schedule`).
+scaled from their calibrated calls (`library`), and a hand-written collective from one rank's steps
+(`schedule`, on the busiest sampled rank: `hand_written`).
 """
 import math
 
@@ -27,13 +27,14 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     calibration measures one node, or one pair across two). One rank: the call and a copy.
     """
     p, n = ranks, nbytes
-    python = algorithm != "mpi"
-    if p == 1:
-        return (calib["call_s"] - copy(calib, 8) if python else calib["overhead_s"]) + copy(calib, n)
-    if not python:
+    if algorithm == "mpi":
+        if p == 1:
+            return calib["overhead_s"] + copy(calib, n)
         library = max(interpolate(calib["allreduce"], max(n, 1)) - calib["overhead_s"], 0.0)
         base = _library_steps(calib, n, 2)
         return calib["overhead_s"] + library * (_library_steps(calib, n, p) / base if base > 0 else 1.0)
+    if p == 1:
+        return calib["call_s"] - copy(calib, 8) + copy(calib, n)
     pow2 = 1 << (p.bit_length() - 1)
     rounds = pow2.bit_length() - 1
     fold = 0.0 if p == pow2 else 2 * message(calib, n) + reduction(calib, n)
@@ -46,6 +47,17 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     )
     costs["hierarchical"] = costs["ring"]  # on the calibration's one node: its intra-node ring
     return calib["call_s"] + costs[choose(p, n) if algorithm == "auto" else algorithm]
+
+
+def hand_written(calib, build, ranks, items, itemsize, counts=None, in_place=False):
+    """Modelled seconds of one call of the schedule builder ``build`` (``(rank, p, n, itemsize, in_place[,
+    counts]) -> Schedule``) on ``ranks`` ranks, for ``items`` items (blocks ``counts``): its `schedule` on the
+    busiest of a few sampled ranks (rank 0, 1, the middle and the last; the algorithms are symmetric or rooted
+    at 0), plus the Python path of one call (``call_s``)."""
+    given = () if counts is None else (counts,)
+    sampled = sorted({0, 1, ranks // 2, ranks - 1} & set(range(ranks)))
+    return calib["call_s"] + max(schedule(calib, build(rank, ranks, items, itemsize, in_place, *given), itemsize)
+                                 for rank in sampled)
 
 
 def _library_steps(calib, n, p):
@@ -93,7 +105,7 @@ def schedule(calib, steps, itemsize):
     items of ``itemsize`` bytes: a step sending and receiving pays an `exchange` per pair of its
     messages (the larger of the two), a step one way a `message` each; its reductions and copies a
     `reduction` or a `copy` of their bytes, its early copies a `copy` behind the messages (the larger of
-    the two). The Python path of the call is the caller's (``call_s``)."""
+    the two). The Python path of the call is the caller's (`hand_written`)."""
     total = 0.0
     for sends, recvs, ops in steps.steps:
         sent, received = ([(part.stop - part.start) * itemsize for (_, part), _ in side] for side in (sends, recvs))

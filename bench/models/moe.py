@@ -5,7 +5,6 @@ import numpy as np
 
 from bench.models import collective_terms, terms
 from bench.models.base import Model
-from bench.models.chosen import hand_written
 from bench.settings import Setting, choice, integer, number
 from kernels.errors import InputError
 from parallel.collectives.alltoall import ALLTOALL_SCHEDULES
@@ -94,7 +93,7 @@ class MixtureOfExpertsModel(Model):
         name = self.config["alltoall"]
         if name == "mpi":
             return collective_terms.alltoall(calib, nbytes, ranks)
-        return hand_written(calib, ALLTOALL_SCHEDULES[auto if name == "auto" else name], ranks,
+        return collective_terms.hand_written(calib, ALLTOALL_SCHEDULES[auto if name == "auto" else name], ranks,
                             nbytes // itemsize, itemsize)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

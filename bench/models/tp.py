@@ -5,7 +5,6 @@ import numpy as np
 
 from bench.models import collective_terms, terms
 from bench.models.base import Model
-from bench.models.chosen import hand_written
 from bench.settings import Setting, choice, integer
 from kernels.distribution import block_counts
 from kernels.errors import InputError
@@ -46,7 +45,7 @@ class TensorParallelModel(Model):
         and per pass one ``Allreduce`` of T h (allreduce) or an ``Allgatherv`` and a ``Reduce_scatter``
         of T h (sequence): MPI's (its library terms) or the hand-written family ``TP_COLLECTIVES``
         names (`collective_terms.allreduce` of the algorithm; the allgather and reduce-scatter from their
-        schedules on the row blocks, `bench.models.chosen`)."""
+        schedules on the row blocks, `bench.models.collective_terms.hand_written`)."""
         hidden, ffn, collectives = self.config["hidden"], self.config["ffn"], self.config["collectives"]
         item, local = terms.itemsize(calib), math.ceil(ffn / ranks)
         compute = 6 * terms.gemm(calib, size, local, hidden, ranks) + 3 * terms.copy(calib, size * local * item)
@@ -60,7 +59,7 @@ class TensorParallelModel(Model):
             exchange = collective_terms.allgather(calib, activations, ranks) + collective_terms.reduce_scatter(calib, activations, ranks)
         else:
             blocks = tuple(rows * hidden for rows in block_counts(size, ranks))
-            exchange = sum(hand_written(calib, builders[name], ranks, size * hidden, item, blocks)
+            exchange = sum(collective_terms.hand_written(calib, builders[name], ranks, size * hidden, item, blocks)
                            for builders, name in ((ALLGATHER_SCHEDULES, names[1]), (REDUCE_SCATTER_SCHEDULES, names[2])))
         return compute + 2 * (exchange + collective_terms.allgather(calib, 8 * ranks, ranks))
 
