@@ -28,12 +28,17 @@ def bruck_schedule(rank, p, n, itemsize=None, in_place=False, counts=None):
     rotated = [part.start - slices[rank].start if index >= rank else head + part.start
                for index, part in enumerate(slices)]
     rotated = rotated[rank:] + rotated[:rank] + [n]
-    schedule.copy(own_block(slices, rank, in_place), ("tmp", slice(0, rotated[1])))
+    own, first = own_block(slices, rank, in_place), ("tmp", slice(0, rotated[1]))
+    if p == 1:
+        schedule.copy(own, first)
     distance = 1
     while distance < p:
         count = min(distance, p - distance)
-        schedule.exchange(("tmp", slice(0, rotated[count])), (rank - distance) % p,
-                          ("tmp", slice(rotated[distance], rotated[distance + count])), (rank + distance) % p)
+        incoming = ("tmp", slice(rotated[distance], rotated[distance + count]))
+        if distance == 1:   # the own block sent from where it is, copied to the front meanwhile (an early copy)
+            schedule.step([(own, (rank - 1) % p)], [(incoming, (rank + 1) % p)], [("early_copy", own, first)])
+        else:
+            schedule.exchange(("tmp", slice(0, rotated[count])), (rank - distance) % p, incoming, (rank + distance) % p)
         distance <<= 1
     after, before = slice(slices[rank].stop, n), slice(0, slices[rank].start)
     if not in_place:
@@ -58,7 +63,8 @@ def allgather_bruck(comm, sendbuf, recvbuf, counts=None):
     Cost per rank: ``ceil(log2 p) alpha + (p-1)/p n beta`` on any rank count
     (latency-optimal without folding), plus local copies: the own block into the
     scratch vector and the rotation of the others into ``recvbuf``, ``n`` bytes in
-    all (``n + n/p`` out of place, where the own block is copied into ``recvbuf`` too).
-    Scratch: ``n`` bytes.
+    all (``n + n/p`` out of place, where the own block is copied into ``recvbuf`` too); the first step
+    sends the own block from where it is (sending data just written costs more on one node) while it is
+    copied into the scratch vector. Scratch: ``n`` bytes.
     """
     return _BRUCK(comm, sendbuf, recvbuf, None, counts)

@@ -41,7 +41,11 @@ def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False, count
         schedule.step(sends=[(mine, rank + 1)])
         schedule.step(recvs=[(whole, rank + 1)])
         return schedule
-    if not in_place:
+    # Out of place, a rank holding its own block alone sends it from "in" at the first step, copying it into
+    # "out" meanwhile (an early copy): sending data just written costs more here (a clean buffer's cache
+    # lines are not in the sender's core), 1.7-3.5x at 128 KiB-2 MiB on two ranks of one node.
+    early = not in_place and size > 1 and rank >= 2 * extra
+    if not in_place and not early:
         schedule.copy(mine, ("out", slices[rank]))
     if rank < 2 * extra:
         schedule.step(recvs=[(("out", slices[rank - 1]), rank - 1)])
@@ -52,8 +56,12 @@ def recursive_doubling_schedule(rank, p, n, itemsize=None, in_place=False, count
         partner = virtual ^ distance
         ours, theirs = virtual // distance * distance, partner // distance * distance
         real = _real_rank(partner, extra)
-        schedule.exchange(("out", slice(starts[ours], starts[ours + distance])), real,
-                          ("out", slice(starts[theirs], starts[theirs + distance])), real)
+        outgoing, incoming = ("out", slice(starts[ours], starts[ours + distance])), \
+            ("out", slice(starts[theirs], starts[theirs + distance]))
+        if distance == 1 and early:
+            schedule.step([(mine, real)], [(incoming, real)], [("early_copy", mine, outgoing)])
+        else:
+            schedule.exchange(outgoing, real, incoming, real)
         distance <<= 1
     if rank < 2 * extra:
         schedule.step(sends=[(whole, rank - 1)])
@@ -78,6 +86,7 @@ def allgather_recursive_doubling(comm, sendbuf, recvbuf, counts=None):
     folded pairs add ``alpha + n/p beta`` (the even rank's block) and ``alpha + n beta``
     (the whole vector back) to the critical path; the exchanges move ``(p'-1)/p' n``
     bytes at most per virtual rank. Out of place one local copy of the own block
-    (``n/p`` bytes; none on a folded even rank). No scratch.
+    (``n/p`` bytes; none on a folded even rank), made while the first step's messages are in flight where
+    that step sends the own block alone (from ``sendbuf``). No scratch.
     """
     return _RECURSIVE_DOUBLING(comm, sendbuf, recvbuf, None, counts)
