@@ -87,6 +87,13 @@ class Model:
         row's) to ``calib``."""
         return None
 
+    def measured_by_calibration(self, variant, size, ranks, calib):
+        """Whether `predict` returns, for this point, an entry the calibration measured itself (the same call,
+        size and rank count, ``calib`` as `predict` gets it): its model error then measures how the node changed
+        between calibrate and the sweep, not the model (`bench.report.output.model_error_lines`). Default: no
+        point is."""
+        return False
+
 
 def balanced_dims(ranks, axes):
     """``MPI.Compute_dims(ranks, axes)``: ``ranks`` split over ``axes`` grid axes as evenly as possible,

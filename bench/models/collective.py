@@ -62,6 +62,17 @@ class CollectiveModel(Model):
         return collective_terms.hand_written(calib, self.algorithms[variant], ranks, size // item, item,
                                              in_place=self.config["in_place"])
 
+    def measured_by_calibration(self, variant, size, ranks, calib):
+        """MPI's call on two ranks at a size of its calibrated table (``allreduce``, else ``library``), set up as
+        the calibration sets it up: float64, out of place, sum, root 0 (the point's recorded settings, else the
+        model's)."""
+        table = calib.get("allreduce") if self.name == "allreduce" else calib.get("library", {}).get(self.name)
+        settings = dict(self.config, **{key: value for key, value in calib.get("point_params", {}).items()
+                                        if key in ("in_place", "op", "root")})
+        return (variant == "mpi" and ranks == 2 and bool(table) and terms.holds(table, size)
+                and calib.get("point_dtype", "float64") == "float64" and not settings["in_place"]
+                and settings.get("op", "sum") == "sum" and settings.get("root", 0) == 0)
+
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Send and receive buffers and the algorithm's scratch, about ``problem`` bytes each; the check
         draws one rank's input at a time (as int64, then cast) beside the result it builds."""

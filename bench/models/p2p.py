@@ -22,6 +22,11 @@ class PointToPointModel(Model):
             return 2 * terms.message(calib, size)
         return WINDOW * terms.stream(calib, size)
 
+    def measured_by_calibration(self, variant, size, ranks, calib):
+        """Either variant on two ranks (one pair: osu_latency, osu_bw) at a size of its table (``pingpong``,
+        ``stream``)."""
+        return ranks == 2 and terms.holds(calib["pingpong" if variant == "latency" else "stream"], size)
+
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """Send and receive buffers of ``problem`` bytes; the byte pattern is computed from two
         int64 temporaries (16 bytes per byte), in setup and in the check."""

@@ -33,6 +33,11 @@ def interpolate(table, x):
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def holds(table, x):
+    """Whether ``[[x, y], ...]`` has an entry measured at ``x`` (not one `interpolate` draws between two)."""
+    return any(row[0] == x for row in table)
+
+
 def itemsize(calib):
     """Bytes of one element of the point's dtype."""
     return WORD_TYPES.get(calib.get("point_dtype", "float64"), 8)

@@ -67,21 +67,35 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
 
 def model_error_lines(table):
     """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1| of its
-    stable points (unknown counts as stable), and how many unstable ones were left out."""
-    errors, left_out = {}, {}
+    stable points (unknown counts as stable), and how many unstable ones were left out; then, where some of its
+    stable points are entries the calibration measured itself (``calibration_entry``: MPI's own call, or the
+    ping-pong, on two ranks at a size of its table), how far those moved, which is how much the node changed
+    between calibrate and the sweep whatever the model."""
+    errors, left_out, drift = {}, {}, {}
     for entry in table:
         if entry["model_error"] is not None and entry["ranks"] >= 2:
             errors.setdefault(entry["suite"], [])
             left_out[entry["suite"]] = left_out.get(entry["suite"], 0) + unstable(entry)
             if not unstable(entry):
                 errors[entry["suite"]].append(abs(entry["model_error"]))
+                if entry.get("calibration_entry"):
+                    drift.setdefault(entry["suite"], []).append(abs(entry["model_error"]))
     lines = []
     for suite, values in sorted(errors.items()):
         head, unstable_part = f"report: {suite} model error at >= 2 ranks: ", f"{left_out[suite]} unstable left out"
-        lines.append(f"{head}median {statistics.median(values):.0%}, max {max(values):.0%} over {len(values)} stable "
-                     f"point{'s' if len(values) > 1 else ''}; {unstable_part}" if values
+        lines.append(f"{head}{_spread_of(values)}; {unstable_part}" if values
                      else f"{head}no stable points ({unstable_part})")
+        if suite in drift:
+            lines.append(f"report: {suite} calibration drift: {_spread_of(drift[suite])} that repeat a calibration "
+                         "entry (the same call and size on 2 ranks): the node changed that much between calibrate "
+                         "and the sweep; model errors up to that size are drift, not the model")
     return lines
+
+
+def _spread_of(values):
+    """``median X%, max Y% over N stable point(s)`` of the fractions ``values``."""
+    return (f"median {statistics.median(values):.0%}, max {max(values):.0%} over {len(values)} stable "
+            f"point{'s' if len(values) > 1 else ''}")
 
 
 def document(paths, points, reports, calib, notes):

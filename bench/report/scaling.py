@@ -98,9 +98,21 @@ def _predict(model, key, ranks, calib, params=None):
     `bench.models.base.Model.predict`)."""
     if model is None or calib is None:
         return None
+    return model.predict(*_point(model, key, ranks, calib, params))
+
+
+def _measured_by_calibration(model, key, ranks, calib, params):
+    """Whether the model's prediction of the point is a calibration entry itself
+    (`bench.models.base.Model.measured_by_calibration`)."""
+    return model is not None and calib is not None and model.measured_by_calibration(
+        *_point(model, key, ranks, calib, params))
+
+
+def _point(model, key, ranks, calib, params):
+    """``(variant, problem size, ranks, calib)`` of a point as the model's methods take them."""
     suite, benchmark, variant, backend, dtype, scaling, size, settings = key
-    return model.predict(variant, model.problem_size(int(size), ranks, scaling), ranks,
-                         dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
+    return (variant, model.problem_size(int(size), ranks, scaling), ranks,
+            dict(calib, point_dtype=dtype, point_ranks=ranks, point_params=params or {}))
 
 
 def unstable(point):
@@ -165,6 +177,8 @@ def scaling_table(rows, calib=None, suites=None):
                 karp_flatt=_karp_flatt(speedup, ranks) if compute and strong and base_ranks == 1 else None,
                 vs_ref=float(ref["t_med_s"]) / seconds if ref is not None else None, predicted_s=predicted,
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
+                calibration_entry=predicted is not None and _measured_by_calibration(suites[key[0]], key, ranks,
+                                                                                     calib, params),
                 algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
                 **compute_rate(row, params, calib), metric=row["metric"],
                 metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),

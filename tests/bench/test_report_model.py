@@ -3,10 +3,11 @@ import json
 
 import pytest
 
+from bench.models import get_model
 from bench.report.model import APART_SECONDS, for_projection, load_calibration, load_calibrations, provenance_note
 from bench.report.output import model_error_lines, write_report
 from kernels.errors import InputError
-from tests.bench.report_rows import CALIB, calibration, point, write_points
+from tests.bench.report_rows import BIG, CALIB, calibration, point, write_points
 from tests.clitools import mlscale
 
 
@@ -78,6 +79,47 @@ def test_one_model_error_line_per_suite_from_two_ranks_up_over_its_stable_points
         "report: allreduce model error at >= 2 ranks: median 5%, max 5% over 1 stable point; 0 unstable left out",
         "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 stable points; 2 unstable left out",
         "report: tp model error at >= 2 ranks: no stable points (1 unstable left out)"]
+
+
+def test_the_points_that_repeat_a_calibration_entry_give_a_drift_line_under_their_suites_error_line():
+    table = [dict(suite="bcast", ranks=2, model_error=e, stable=s, calibration_entry=c)
+             for e, s, c in ((0.4, True, True), (-0.2, True, True), (5.0, False, True), (0.01, True, False))]
+    table.append(dict(suite="tp", ranks=2, model_error=0.1, stable=True, calibration_entry=False))
+    lines = model_error_lines(table)
+    assert lines[0] == ("report: bcast model error at >= 2 ranks: median 20%, max 40% over 3 stable points; "
+                        "1 unstable left out")
+    assert lines[1].startswith("report: bcast calibration drift: median 30%, max 40% over 2 stable points that "
+                               "repeat a calibration entry (the same call and size on 2 ranks)")
+    assert lines[2].startswith("report: tp model error") and len(lines) == 3
+
+
+@pytest.mark.parametrize("suite", ["allreduce", "bcast"])
+def test_mpis_call_on_two_ranks_at_a_calibrated_size_as_calibrated_is_a_calibration_entry(suite):
+    model = get_model(suite, {"COLL_IN_PLACE": False, "COLL_OP": "sum", "COLL_ROOT": 0}
+                      if suite == "allreduce" else {"COLL_IN_PLACE": False, "COLL_ROOT": 0})
+    calib = dict(CALIB, library={"bcast": [[8, 1e-6], [BIG, 1e-3]]})
+
+    def entry(variant="mpi", size=BIG, ranks=2, dtype="float64", **params):
+        return model.measured_by_calibration(variant, size, ranks, dict(calib, point_dtype=dtype, point_params=params))
+    assert entry() and entry(in_place=False)
+    measured = (calib["allreduce"] if suite == "allreduce" else calib["library"]["bcast"])[-1][1]
+    # the prediction is the entry (allreduce's adds the case's Python call, one overhead_s)
+    assert abs(model.predict("mpi", BIG, 2, dict(calib, point_dtype="float64")) - measured) <= 1.01 * CALIB["overhead_s"]
+    assert not any([entry(size=BIG - 8), entry(ranks=3), entry(ranks=1), entry("binomial" if suite == "bcast" else
+                                                                                "ring"),
+                    entry(dtype="float32"), entry(in_place=True)])
+    assert not (entry(op="max") if suite == "allreduce" else entry(root=1))
+    assert not get_model("reduce", {"COLL_IN_PLACE": False, "COLL_OP": "sum", "COLL_ROOT": 0}).measured_by_calibration(
+        "mpi", BIG, 2, dict(calib, point_dtype="float64"))  # no reduce table: priced by its formula
+
+
+def test_p2p_on_two_ranks_at_a_table_size_is_a_calibration_entry_and_other_suites_have_none():
+    p2p = get_model("p2p")
+    assert p2p.measured_by_calibration("latency", BIG, 2, CALIB) and p2p.measured_by_calibration("bandwidth", 1, 2,
+                                                                                                   CALIB)
+    assert not p2p.measured_by_calibration("latency", 4096, 2, CALIB)
+    assert not p2p.measured_by_calibration("latency", BIG, 4, CALIB)
+    assert not get_model("gemv").measured_by_calibration("rows", 1024, 2, CALIB)
 
 
 def test_report_prints_the_error_lines_and_which_constants_projected(tmp_path):
