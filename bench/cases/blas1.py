@@ -2,7 +2,7 @@
 
 Size n is the vector length in elements; rank r holds entries ``block_range(n, p, r)``
 of x and y. Variants: ``numpy_dot`` (``np.dot``), ``numpy_nrm2``
-(``np.linalg.norm``) and ``numpy_axpy`` (``y += a x``) on the whole vectors, one
+(``np.linalg.norm``) and ``numpy_axpy`` (BLAS ``?axpy``, `kernels.blas1.add_scaled`) on the whole vectors, one
 process with every core -- one library variant per operation, so that each kernel
 has its counterpart (``numpy_dot`` comes first: the report's ``vs_ref`` reference) --
 then the kernels ``dot``, ``nrm2`` and ``axpy``. See `bench.families.blas` for
@@ -61,7 +61,7 @@ class Blas1(BlasCase):
         kernels = {
             "numpy_dot": library_kernel(np.dot, x, y),
             "numpy_nrm2": library_kernel(np.linalg.norm, x),
-            "numpy_axpy": library_kernel(lambda: np.add(y, dtype.type(axpy_alpha(state.runs)) * x, out=y)),
+            "numpy_axpy": library_kernel(lambda: blas1.add_scaled(dtype.type(axpy_alpha(state.runs)), x, y)),
             "dot": partial(blas1.dot, comm, x, y),
             "nrm2": partial(blas1.nrm2, comm, x),
             "axpy": lambda timings: blas1.axpy(axpy_alpha(state.runs), x, y, timings),

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kernels.blas1 import axpy, dot, nrm2
+from kernels.blas1 import BLAS_AXPY_TYPES, add_scaled, axpy, dot, nrm2
 from kernels.distribution import block_range
 from kernels.errors import InputError
 from tests.mpitools import all_ranks, combination
@@ -158,6 +158,27 @@ def test_axpy_matches_numpy(comm):
             assert result is local_y and result.dtype == dtype
             allowance = tolerance(dtype, 1) * (1 + np.abs(expected))
             assert comm.allreduce(int(not np.all(np.abs(exact(result) - expected) <= allowance))) == 0
+
+
+def test_add_scaled_updates_y_in_place_through_blas_or_numpy():
+    for dtype in DTYPES:  # BLAS's four types (one pass), NumPy's the others
+        x, y = vector(1000, dtype, 1), vector(1000, dtype, 2)
+        scalar = np.dtype(dtype).type(3)
+        expected = exact(y) + 3 * exact(x)
+        with combination("dtype", dtype):
+            assert add_scaled(scalar, x, y) is y
+            assert np.all(np.abs(exact(y) - expected) <= tolerance(dtype, 1) * (1 + np.abs(expected)))
+    assert set(BLAS_AXPY_TYPES) == {np.dtype(t).char for t in (np.float32, np.float64, np.complex64, np.complex128)}
+    base = np.ones(10)
+    view = base[::2]  # strided: NumPy, still in place in the base
+    assert add_scaled(np.float64(2), np.arange(5.0), view) is view and list(base) == [1, 1, 3, 1, 5, 1, 7, 1, 9, 1]
+    empty = np.zeros(0)
+    assert add_scaled(np.float64(2), np.zeros(0), empty) is empty
+    frozen = np.ones(3)
+    frozen.flags.writeable = False  # BLAS would write it anyway: refused as NumPy refuses it
+    with pytest.raises(ValueError, match="read-only"):
+        add_scaled(np.float64(1), np.ones(3), frozen)
+    assert list(frozen) == [1, 1, 1]
 
 
 def test_float16_axpy_rounds_once():
