@@ -39,19 +39,19 @@ class Blas1Model(BlasModel):
 
     def predict(self, variant, size, ranks, calib):
         """The run's calls (`CALLS`), its ``MPI_Allreduce`` (`ALLREDUCE_BYTES`, `collective_terms.allreduce`) and its
-        passes over a rank's block of ``B = 8 ceil(n / p)`` bytes as NumPy makes them, each priced as the
-        copy that touches as many bytes (a read of two blocks took a copy's time here): dot reads x and y
-        (a copy of B), nrm2 reads x three times (three copies of B / 2: x stays in the cache where it fits;
-        ``numpy.linalg.norm`` once), axpy is one BLAS ``?axpy`` over x and y (`kernels.blas1.add_scaled`: the
-        traffic of an in-place addition, a reduction of B; on one thread 0.88-1.14x its time here from 64 KiB to
-        64 MiB). None when ``variant`` cannot run on ``ranks`` ranks."""
+        passes over a rank's block of ``B = 8 ceil(n / p)`` bytes as NumPy makes them: dot reads x and y (a read of
+        2 B, `terms.read`: the calibrated GEMV of as many bytes), nrm2 reads x three times (max, min, the sum of
+        squares: three reads of B, x staying in the cache where it fits; ``numpy.linalg.norm`` one), axpy is one
+        BLAS ``?axpy`` over x and y (`kernels.blas1.add_scaled`: the traffic of an in-place addition, a
+        reduction of B; on one thread 0.88-1.14x its time here from 64 KiB to 64 MiB). None when ``variant``
+        cannot run on ``ranks`` ranks."""
         try:
             self.check_ranks(ranks, variant)
         except InputError:
             return None
         block = WORD * math.ceil(size / ranks)
-        passes = {"dot": terms.copy(calib, block), "numpy_dot": terms.copy(calib, block),
-                  "nrm2": 3 * terms.copy(calib, block / 2), "numpy_nrm2": terms.copy(calib, block / 2),
+        passes = {"dot": terms.read(calib, 2 * block, ranks), "numpy_dot": terms.read(calib, 2 * block, ranks),
+                  "nrm2": 3 * terms.read(calib, block, ranks), "numpy_nrm2": terms.read(calib, block, ranks),
                   "axpy": terms.reduction(calib, block)}
         passes["numpy_axpy"] = passes["axpy"]
         reduces = sum(collective_terms.allreduce(calib, nbytes, ranks) for nbytes in ALLREDUCE_BYTES.get(variant, ()))

@@ -194,6 +194,14 @@ def gemv(calib, nbytes, ranks):
     return interpolate(_paired_table(calib, "gemv", ranks), max(nbytes, 1))
 
 
+def read(calib, nbytes, ranks):
+    """One NumPy pass reading ``nbytes`` (a max, a min, a dot product) on one of ``ranks`` ranks: the calibrated
+    GEMV of a matrix of those bytes (`gemv`: a read from the cache or from memory), or, for a calibration
+    without GEMVs, half a copy of them (a copy reads and writes)."""
+    seconds = gemv(calib, nbytes, ranks)
+    return copy(calib, nbytes / 2) if seconds is None else seconds
+
+
 def fitted_step(calib, key, modelled, ranks, rows):
     """``(a, b)``: the line ``seconds = a + b modelled(rows)`` through the two calibrated steps ``calib[key]``
     (by dtype, ``[[rows, [one thread, all cores]], ...]``, `bench.local_rates`) around ``rows``

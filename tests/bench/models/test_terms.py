@@ -108,6 +108,17 @@ def test_gemv_reads_the_busiest_block_at_the_calibrated_gemv_time_and_an_older_f
         terms.gemv(calib, 4 * rows * cols, ranks)  # the float64 table by bytes where the file has no float32 one
 
 
+def test_a_read_pass_is_the_gemv_of_its_bytes_or_half_a_copy_and_prices_blas1s_reads():
+    calib, blas1 = calibration(cores=2), get_model("blas1")
+    assert terms.read(calib, 1 << 20, 2) == terms.copy(calib, 1 << 19)  # no GEMV table: half a copy
+    calib["gemv"] = {"float64": [[1, [1e-6, 1e-6]], [BIG, [2e-3, 1e-3]]]}
+    assert terms.read(calib, BIG, 1) == terms.gemv(calib, BIG, 1) == pytest.approx(1e-3)
+    block = 8 * 500  # 1000 entries on 2 ranks
+    plain = dict(calibration(alpha=0, beta=0, gamma=0, overhead=0, cores=2), gemv=calib["gemv"])  # the passes alone
+    assert blas1.predict("dot", 1000, 2, plain) == pytest.approx(terms.read(plain, 2 * block, 2))
+    assert blas1.predict("nrm2", 1000, 2, plain) == pytest.approx(3 * terms.read(plain, block, 2))
+
+
 def test_a_moe_step_table_adds_its_fixed_cost_to_the_terms_of_every_point():
     """Calibrated one-rank top1 steps that are the model's own terms plus 1 ms: every point gains that 1 ms
     (the scale stays 1); a calibration without them prices the terms alone."""
