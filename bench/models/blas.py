@@ -100,18 +100,23 @@ class BlasModel(Model):
         their shapes (else ``flops`` at the rate of a rank's block size, n / sqrt p), at the
         threads and sharing of one of ``ranks`` ranks (`bench.models.terms.gemm`);
         memory-bound suites stream their words as a copy of half as many (a copy reads and
-        writes each byte; gemv: its calibrated GEMVs, `compute_seconds`). Messages: the calibrated one-way time of a message of the mean
-        size; one Python call per run. None when ``variant`` cannot run on ``ranks`` ranks.
+        writes each byte; gemv: its calibrated GEMVs, `compute_seconds`). Messages (`communication_seconds`): the
+        calibrated one-way time of a message of the mean size (gemm: MPI's collective calls at their calibrated
+        times); one Python call per run. None when ``variant`` cannot run on ``ranks`` ranks.
         """
         try:
             self.check_ranks(ranks, variant)
         except InputError:
             return None
         cost = self.cost(variant, size, ranks)
-        bytes_sent = cost.words * WORD
-        per_message = terms.message(calib, bytes_sent / cost.messages) if cost.messages else 0.0
-        return calib["overhead_s"] + cost.messages * per_message + self.compute_seconds(calib, cost, variant, size,
-                                                                                       ranks)
+        return calib["overhead_s"] + self.communication_seconds(calib, cost, variant, size, ranks) + \
+            self.compute_seconds(calib, cost, variant, size, ranks)
+
+    def communication_seconds(self, calib, cost, variant, size, ranks):
+        """Seconds of one rank's messages of ``cost``: each at the calibrated one-way time of the mean size."""
+        if not cost.messages:
+            return 0.0
+        return cost.messages * terms.message(calib, cost.words * WORD / cost.messages)
 
     def compute_seconds(self, calib, cost, variant, size, ranks):
         """Seconds of one rank's computation of ``cost`` (see `predict`)."""

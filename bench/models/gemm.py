@@ -1,7 +1,8 @@
 """Model of suite ``gemm`` (`bench.cases.gemm`): the 1D, SUMMA, Cannon and 2.5D products and the libraries."""
 import numpy as np
 
-from bench.models.blas import CHUNK_ROWS, GRID, PANEL, REPLICAS, BlasModel, Cost
+from bench.models import collective_terms
+from bench.models.blas import CHUNK_ROWS, GRID, PANEL, REPLICAS, WORD, BlasModel, Cost
 from bench.models.terms import log2_ceil
 from kernels.gemm_lookahead import summa_panels
 
@@ -65,6 +66,30 @@ class GemmModel(BlasModel):
         shifts = 2 * steps if q > 1 else 0
         return Cost(shifts + 2 * log2_ceil(replicas), (shifts + 2 * (replicas - 1) / replicas) * side ** 2,
                     2 * steps * side ** 3, 0, (steps, side, side, side))
+
+    def communication_seconds(self, calib, cost, variant, size, ranks):
+        """MPI's collective calls at their calibrated two-rank times, grown to their ranks as MPI's algorithms grow
+        (`collective_terms.library`): 1d_allgather's ``Allgatherv`` of all of B; SUMMA's panel broadcasts along
+        each grid axis of two or more ranks, of the mean piece (summa: ``ceil(n / b) + axis - 1`` ``Bcast`` per
+        axis at most, a panel across a block boundary sent by each owner; summa_lookahead: one ``Ibcast`` per
+        panel of `summa_panels`, priced as a ``Bcast``: no credit for the overlap). The other variants'
+        messages as `BlasModel` prices them (in a calibration here, ``MPI_Bcast`` of 128 KiB-2 MiB on 2 ranks took
+        3.4-6x a one-way message of its size)."""
+        n = size
+        if variant == "1d_allgather" and ranks > 1:
+            return collective_terms.library(calib, "allgather", n * n * WORD, ranks, collective_terms.allgather)
+        if variant not in ("summa", "summa_lookahead"):
+            return super().communication_seconds(calib, cost, variant, size, ranks)
+        rows, cols = self.grid_dims(variant, ranks)
+        width = min(self.panel, n)
+        seconds = 0.0
+        for axis, block_bytes in ((cols, -(-n // rows) * n * WORD), (rows, n * -(-n // cols) * WORD)):
+            if axis > 1:  # A's panels along grid rows (cols ranks), B's along grid columns (rows ranks)
+                calls = len(summa_panels(n, width, rows, cols)) if variant == "summa_lookahead" else \
+                    _ceil_div(n, width) + axis - 1
+                seconds += calls * collective_terms.library(calib, "bcast", block_bytes / calls, axis,
+                                                            collective_terms.bcast)
+        return seconds
 
     @staticmethod
     def summa_words(n, rows, cols, shared=(False, False)):

@@ -108,6 +108,24 @@ def test_gemv_reads_the_busiest_block_at_the_calibrated_gemv_time_and_an_older_f
         terms.gemv(calib, 4 * rows * cols, ranks)  # the float64 table by bytes where the file has no float32 one
 
 
+def test_gemm_prices_mpis_allgatherv_and_panel_broadcasts_at_their_calibrated_calls():
+    calib, model = calibration(cores=2), get_model("gemm")
+    calib["library"] = {"allgather": [[1, 1e-3], [BIG, 1e-3]], "bcast": [[1, 2e-3], [BIG, 2e-3]]}
+
+    def compute(variant):
+        return model.compute_seconds(calib, model.cost(variant, 1000, 2), variant, 1000, 2)
+    overhead = calib["overhead_s"]
+    assert model.predict("1d_allgather", 1000, 2, calib) == pytest.approx(overhead + 1e-3 + compute("1d_allgather"))
+    assert model.grid_dims("summa", 2) == (2, 1)  # B's panels broadcast along the grid column of 2 ranks
+    assert model.predict("summa", 1000, 2, calib) == pytest.approx(overhead + (4 + 1) * 2e-3 + compute("summa"))
+    # look-ahead: the panels cut at B's block boundary 500, two of at most 256 on each side
+    assert model.predict("summa_lookahead", 1000, 2, calib) == pytest.approx(overhead + 4 * 2e-3 +
+                                                                             compute("summa_lookahead"))
+    ring = model.cost("1d_ring", 1000, 2)  # a ring's messages: one-way times, as before
+    assert model.predict("1d_ring", 1000, 2, calib) == pytest.approx(
+        overhead + terms.message(calib, ring.words * 8) + compute("1d_ring"))
+
+
 def test_a_read_pass_is_the_gemv_of_its_bytes_or_half_a_copy_and_prices_blas1s_reads():
     calib, blas1 = calibration(cores=2), get_model("blas1")
     assert terms.read(calib, 1 << 20, 2) == terms.copy(calib, 1 << 19)  # no GEMV table: half a copy
