@@ -39,8 +39,10 @@ LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step")
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
-#: Seconds between a calibration and the farthest point it prices beyond which the report names the gap.
-APART_SECONDS = 3600
+#: Seconds between a calibration and the farthest point it prices beyond which the report names the gap: ten
+#: minutes (here two calibrations 18 minutes apart differed by a median 4-23 % per table, and the ps sweep's
+#: model error was 24 % against a calibration 50 minutes old, 9-10 % against one made just before it).
+APART_SECONDS = 600
 
 
 def load_calibration(path):
@@ -126,7 +128,8 @@ def provenance_note(calib, rows):
     if measured and moments:
         apart = max(abs((moment - measured).total_seconds()) for moment in moments)
         if apart > APART_SECONDS:
-            found.append(f"{apart / 3600:.1f} h from the farthest point")
+            found.append(f"{apart / 3600:.1f} h" if apart >= 3600 else f"{apart / 60:.0f} min")
+            found[-1] += " from the farthest point"
     if not found:
         return None
     return (f"report: note: {_source(calib)} was measured {' and '.join(found)}: its model errors also measure "

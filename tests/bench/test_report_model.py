@@ -149,11 +149,13 @@ def test_write_report_gives_no_error_line_without_a_model(tmp_path):
 
 def test_a_calibration_from_another_host_or_hours_away_is_named_once():
     calib = dict(CALIB, path="c.json", host="node1", timestamp="2026-12-02T10:00:00+00:00")
-    near = [dict(host="node1", timestamp="2026-12-02T10:30:00+00:00"),
-            dict(host="node1", timestamp="2026-12-02T09:10:00+00:00")]
+    near = [dict(host="node1", timestamp="2026-12-02T10:06:00+00:00"),
+            dict(host="node1", timestamp="2026-12-02T09:55:00+00:00")]
     assert provenance_note(calib, near) is None
-    hour = [dict(host="node1", timestamp="2026-12-02T11:00:00+00:00")]
-    assert APART_SECONDS == 3600 and provenance_note(calib, hour) is None  # an hour apart: not named
+    ten = [dict(host="node1", timestamp="2026-12-02T10:10:00+00:00")]
+    assert APART_SECONDS == 600 and provenance_note(calib, ten) is None  # ten minutes apart: not named
+    later = [dict(host="node1", timestamp="2026-12-02T10:25:00+00:00")]
+    assert provenance_note(calib, later).startswith("report: note: c.json was measured 25 min from the farthest point")
     far = near + [dict(host="node1", timestamp="2026-12-02T12:06:00+00:00")]
     assert provenance_note(calib, far) == ("report: note: c.json was measured 2.1 h from the farthest point: its model "
                                            "errors also measure that difference (run mlscale calibrate beside the "
