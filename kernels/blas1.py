@@ -205,19 +205,22 @@ def axpy(alpha, x, y, timings=None):
 
 #: Type codes with a BLAS ``?axpy``: float32, float64, complex64, complex128.
 BLAS_AXPY_TYPES = "fdFD"
+#: Most entries one call of `scipy.linalg.blas`'s ``?axpy`` takes (its BLAS counts in 32-bit integers).
+BLAS_MAX_ENTRIES = 2**31 - 1
 
 
 def add_scaled(scalar, x, y):
     """``y += scalar x`` in place (``x`` and ``y`` of one shape and dtype, ``scalar`` of that dtype); returns ``y``.
 
-    On the host, for the dtypes BLAS has (`BLAS_AXPY_TYPES`) and a writeable contiguous non-empty ``y``, one
-    call of BLAS ``?axpy`` (`scipy.linalg.blas`, threaded as the harness pins it): one pass over x and y and
-    no temporary. Otherwise (integers, device arrays, strided ``y``) NumPy's ``y += scalar * x``, which first
+    On the host, for the dtypes BLAS has (`BLAS_AXPY_TYPES`) and a writeable contiguous ``y`` of 1 to
+    `BLAS_MAX_ENTRIES` entries, one call of BLAS ``?axpy`` (`scipy.linalg.blas`, threaded as the harness pins
+    it): one pass over x and y and no temporary. Otherwise (integers, device arrays, strided, empty or longer
+    ``y``) NumPy's ``y += scalar * x``, which first
     writes ``scalar * x`` to a temporary: 19 ms against BLAS's 4.2 ms for 64 MiB blocks here, a fresh
     temporary that large faulting its pages in on every call; 337 against 90 us at 4 MiB.
     """
-    if array_module(y) is np and y.dtype.char in BLAS_AXPY_TYPES and y.size and y.flags.c_contiguous \
-            and y.flags.writeable:
+    if array_module(y) is np and y.dtype.char in BLAS_AXPY_TYPES and 0 < y.size <= BLAS_MAX_ENTRIES \
+            and y.flags.c_contiguous and y.flags.writeable:
         updated = get_blas_funcs("axpy", (y,))(x, y, a=scalar)
         if updated is not y:  # f2py updates a contiguous y in place; copy back should it ever not
             y[...] = updated
