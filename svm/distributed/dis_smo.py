@@ -100,13 +100,17 @@ class _BlockSolver:
         self.signs = to_host(y)  # the labels of the working pair, read on the host
         self.start, self.stop = block_range(len(X), comm.size, comm.rank)
         self.y_block = y[self.start:self.stop]
-        self.alpha = xp.zeros(self.stop - self.start)
-        self.F = self.y_block.copy()
         self.diag = kernel.diagonal(X[self.start:self.stop])
-        self.up, self.low = up_low(self.alpha, self.y_block, C)
         self.cache = KernelRowCache(kernel, X, cache_bytes)
         self.cache.set_columns(np.arange(self.start, self.stop))
         self.best = _BestCandidates(comm)
+        self.restart()
+
+    def restart(self):
+        """Set the dual variables to the solve's start: ``alpha = 0``, ``F = y`` (cached rows are kept)."""
+        self.alpha = self.xp.zeros(self.stop - self.start)
+        self.F = self.y_block.copy()
+        self.up, self.low = up_low(self.alpha, self.y_block, self.C)
 
     def select_i(self):
         """Return ``(m, i, alpha_i, K_ii, M)`` over all ranks (one Allreduce)."""
@@ -147,11 +151,20 @@ class _BlockSolver:
     def run(self, max_iter):
         """Iterate until the KKT gap is below ``tol`` or ``max_iter`` updates; return ``(n_iter, m, M)``."""
         for n_iter in range(max_iter + 1):
-            m, i, alpha_i, diag_i, M = self.select_i()
+            m, M, _ = self.step(last=n_iter == max_iter)
             if m - M < self.tol or n_iter == max_iter:
                 return n_iter, m, M
-            pair_j, row_i = self.select_j(m, i, diag_i)
-            self.update(i, m, alpha_i, diag_i, *pair_j, row_i)
+
+    def step(self, last=False):
+        """One iteration: the first search, then (unless the KKT gap is below ``tol`` or ``last``) the second
+        and the update of the pair; return the extremes ``(m, M)`` of the first and the pair ``(i, j)``
+        updated (None when none was)."""
+        m, i, alpha_i, diag_i, M = self.select_i()
+        if m - M < self.tol or last:
+            return m, M, None
+        pair_j, row_i = self.select_j(m, i, diag_i)
+        self.update(i, m, alpha_i, diag_i, *pair_j, row_i)
+        return m, M, (i, pair_j[0])
 
     def result(self, n_iter, m, M):
         """Gather ``alpha`` and reduce the bias and objective sums into an `SMOResult` (same on every rank)."""

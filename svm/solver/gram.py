@@ -227,6 +227,11 @@ class KernelRowCache:
             self._insert(i, computed.copy() if len(block) > 1 else computed)
         return rows[-1]
 
+    def forget(self, index):
+        """Drop the row of ``index`` if cached (its next `row` computes it again)."""
+        row = self._rows.pop(index, None)
+        self.nbytes -= 0 if row is None else row.nbytes
+
     def _insert(self, index, row):
         """Cache ``row`` as the most recently used (evicting the least recently used) if it fits."""
         if row.nbytes > self.max_bytes:

@@ -93,6 +93,16 @@ def test_cache_evicts_the_least_recently_used_row():
     assert cache.misses == 4
 
 
+def test_a_forgotten_row_is_computed_again_and_frees_its_bytes():
+    kernel = make_kernel("linear", B)
+    cache = KernelRowCache(kernel, B, max_bytes=3 * 13 * 8)
+    cache.row(0), cache.row(1)
+    cache.forget(0), cache.forget(5)  # 5 was never cached: nothing to drop
+    assert cache.nbytes == 13 * 8 and cache.misses == 2
+    np.testing.assert_allclose(cache.row(0), kernel.block(B, B)[0])
+    assert cache.misses == 3 and cache.row(1) is not None and cache.misses == 3
+
+
 def test_cache_smaller_than_a_row_keeps_nothing_but_still_answers():
     kernel = make_kernel("linear", B)
     cache = KernelRowCache(kernel, B, max_bytes=8)
