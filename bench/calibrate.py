@@ -25,7 +25,7 @@ the mean of back-to-back calls after a barrier:
   ``MPI.COMM_SELF`` (the Python path of one call of `parallel.collectives`: checks, plan, copy).
 
 The local rates of `bench.local_rates` (GEMM, the suites' kernels, ``dp``
-steps, memory tables, kernel rows) are measured twice:
+steps, memory tables, kernel rows, Dis-SMO iterations) are measured twice:
 
 - on rank 0 alone (the other ranks sleep), with one BLAS thread and with one per core:
   recorded as ``[one thread, all cores]`` pairs (``cores`` says how many; the memory
@@ -163,7 +163,7 @@ def _alone_rates(cores, plan):
                 gemm_thin={dtype: [rates, every["gemm_thin"][dtype]] for dtype, rates in one["gemm_thin"].items()},
                 thin_rows=list(plan.thin_rows), thin_side=plan.thin_side,
                 **suites, **{key: {dtype: [[size, [t, every[key][dtype][i][1]]] for i, (size, t) in enumerate(table)]
-                                   for dtype, table in one[key].items()} for key in STEPS},
+                                   for dtype, table in one[key].items()} for key in (*STEPS, "smo_iteration")},
                 reduce=one["reduce"], copy=one["copy"], kernel_rows=[one["kernel_rows"], every["kernel_rows"]],
                 gemv={dtype: [[nbytes, [t, every["gemv"][dtype][i][1]]] for i, (nbytes, t) in enumerate(table)]
                       for dtype, table in one["gemv"].items()},

@@ -35,6 +35,10 @@ sweep do).
   median of `KERNEL_BLOCKS` entries, each its own rows (a table of several entries, as the others:
   on two ranks at once the samples share the L3 cache and one entry's rounds alone differed by
   1.5-2.4x here);
+- ``smo_iteration``: seconds of a Dis-SMO iteration on one rank less the kernel row it computes
+  (`svm.distributed.dis_smo_probe.IterationProbe`: a solve's own calls, in the cold caches a row leaves),
+  by the samples of the rank's block (`SMO_BLOCKS`), float64; its rounds follow the other tables', each
+  sample the mean of `svm.distributed.dis_smo_probe.RESTART` iterations;
 - ``spread``: each table's `bench.stability.table_spread` over the rounds (None in one round).
 
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
@@ -69,6 +73,8 @@ MOE_TOKENS = (64, 256, 1024)
 #: The calibrated steps: table -> (suite, variant, the plan's field of their sizes).
 STEPS = {"dp_step": ("dp", "mpi", "dp_rows"), "moe_step": ("moe", "top1", "moe_tokens")}
 KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 16
+#: Samples of a rank's block at which the Dis-SMO iteration is timed (`smo_iteration`).
+SMO_BLOCKS = (500, 1000, 2000, 4000)
 #: Entries of the ``kernel_rows`` table: blocks of `KERNEL_ROWS` distinct rows over the same samples.
 KERNEL_BLOCKS = 3
 ROUNDS, LEAST_S = 3, 0.01
@@ -86,6 +92,7 @@ class RatesPlan:
     dp_rows: tuple = DP_ROWS
     moe_tokens: tuple = MOE_TOKENS
     suite_points: tuple = SUITE_POINTS
+    smo_blocks: tuple = SMO_BLOCKS
     rounds: int = ROUNDS
     least: float = LEAST_S
 
@@ -96,6 +103,7 @@ FULL = RatesPlan()
 QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
                   gemv_sides=(64, 256, 1024, 2048), dp_rows=(16, 256), moe_tokens=(64, 256),
                   suite_points=tuple((suite, variant, size // 2) for suite, variant, size in SUITE_POINTS),
+                  smo_blocks=(500, 2000),
                   rounds=1, least=0.002)
 
 
@@ -106,6 +114,7 @@ def local_rates(threads, comm=None, plan=FULL):
     with threadpool_limits(limits=threads), ExitStack() as stack:
         items = _items(stack, plan)
         samples = interleaved_samples(items, comm, plan.rounds, plan.least)
+        samples.update(_smo_samples(plan, comm))
         seconds = _medians(samples)
         for (suite, variant, dtype), (case, state) in items.points.items():
             rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
@@ -120,6 +129,7 @@ def local_rates(threads, comm=None, plan=FULL):
                 copy=[[n, seconds["copy", n]] for n in plan.local_sizes],
                 gemv={dtype: [[side * side * np.dtype(dtype).itemsize, seconds["gemv", dtype, side]]
                               for side in plan.gemv_sides] for dtype in DTYPES},
+                smo_iteration={"float64": [[block, seconds["smo_iteration", block]] for block in plan.smo_blocks]},
                 kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / float(np.median(
                     [seconds["kernel", KERNEL_DIM, block] for block in range(KERNEL_BLOCKS)])),
                 spread=_table_spreads(samples))
@@ -134,6 +144,21 @@ def _table_spreads(samples):
         tables.setdefault(name, []).append(values)
     spreads = {name: table_spread(lists) for name, lists in tables.items()}
     return None if None in spreads.values() else spreads
+
+
+def _smo_samples(plan, comm=None):
+    """``{("smo_iteration", block): [seconds, ...]}``: per round and block of ``plan.smo_blocks``, the mean over
+    `RESTART` iterations of an `IterationProbe` of that block (the ranks of ``comm`` starting each together)."""
+    from svm.distributed.dis_smo_probe import RESTART, IterationProbe
+
+    probes = {block: IterationProbe(block, KERNEL_DIM) for block in plan.smo_blocks}
+    samples = {("smo_iteration", block): [] for block in plan.smo_blocks}
+    for _ in range(plan.rounds):
+        for block, probe in probes.items():
+            if comm is not None:
+                comm.Barrier()
+            samples["smo_iteration", block].append(float(np.mean([probe() for _ in range(RESTART)])))
+    return samples
 
 
 def measure_interleaved(items, comm=None, rounds=ROUNDS, least=LEAST_S):

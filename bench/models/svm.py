@@ -35,6 +35,9 @@ DATA = Setting("SVM_DATA", data_source, "mnist", "|".join(NAMES) + "|FILE",
 #: the second-order gain in six passes, a candidate of four payloads, the Allreduce) about 25, update (the pair
 #: step's scalar arithmetic, alpha and the index sets of two samples, the row of j, three passes on F) about 30.
 ITERATION_CALLS = 70
+#: Element-wise passes of one Dis-SMO iteration over a rank's block: select_i five (two masks, a negation,
+#: two argmax), select_j twelve (the mask and the gain's terms, its clip and mask, the argmax), update three.
+PASSES = 20
 #: Calls of one kernel row computed (`svm.solver.gram.Kernel.block` for RBF: the product, the norms, five
 #: in-place passes, the cache's insertion).
 ROW_CALLS = 10
@@ -45,6 +48,12 @@ OP_CALLS = 12
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
 _SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
 _PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
+
+
+def _iteration_terms(calib, block):
+    """The counted local work of one Dis-SMO iteration on a block of ``block`` samples: `ITERATION_CALLS`
+    calls and `PASSES` passes over the block's float64 entries, each at a copy's time."""
+    return terms.calls(calib, ITERATION_CALLS) + PASSES * terms.copy(calib, 8 * block)
 
 
 class SVMModel(Model):
@@ -66,24 +75,38 @@ class SVMModel(Model):
 
     def predict(self, variant, size, ranks, calib):
         """``dis_smo`` only, given the iterations the fit took (``n_iter`` in the point's params: Dis-SMO
-        follows serial SMO's iterates, so the count is the same at every rank count): per iteration two small
-        ``Allreduce`` with a Python reduction op (`OP_CALLS` calls at each of its log2 p steps), about 70 NumPy
-        and Python calls (`ITERATION_CALLS`) and four passes over a rank's n / p gradient entries; the kernel
-        rows the fit computed (``kernel_rows`` in params, its cache's misses; a file without them: every row the
-        iterations could touch, at most n) over the rank's n / p columns at the calibrated rate
-        (`terms.kernel_rows`, scaled by ``n_features`` / 784), `ROW_CALLS` calls each; the final gathers. None
-        for the other variants: their iteration counts (cascade passes, k-means, per-partition solves) are no
-        function of the constants, so a model would only restate the measurement."""
+        follows serial SMO's iterates, so the count is the same at every rank count) and the kernel rows it
+        computed (``kernel_rows`` in params, its cache's misses; a file without them: every row the iterations
+        could touch, at most n).
+
+        Per iteration: the local work of a rank's n / p samples on the line through the two calibrated
+        one-rank iterations around that block (``smo_iteration``, `terms.fitted_step`: measured as a solve
+        runs them, after a kernel row has taken the caches, where the same calls in tight loops took a half to
+        a third of the time; it holds the candidates' Python path on one rank and the cache's work on a miss)
+        over the terms `_iteration_terms`; then the two ``Allreduce`` of candidates beyond one rank: MPI's
+        small allreduce and the Python reduction op, `OP_CALLS` calls at each of its log2 p steps. Per kernel
+        row: the rank's n / p columns at the calibrated rate (`terms.kernel_rows`, scaled by ``n_features`` /
+        784). Then the final gathers. A calibration without ``smo_iteration`` (older files): the terms
+        alone, and `ROW_CALLS` calls per row. None for the other variants: their iteration counts (cascade
+        passes, k-means, per-partition solves) are no function of the constants, so a model would only
+        restate the measurement."""
         params = calib.get("point_params") or {}
         if variant != "dis_smo" or not params.get("n_iter"):
             return None
         iterations, local = int(params["n_iter"]), size / ranks
-        candidates = collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, 2 + OP_CALLS * log2_ceil(ranks))
-        step = 2 * candidates + terms.calls(calib, ITERATION_CALLS) + 4 * terms.copy(calib, 8 * local)
+        candidates = collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, OP_CALLS * log2_ceil(ranks))
+        row_calls = 0
+        if "smo_iteration" in calib:
+            fixed, scale = terms.fitted_step(calib, "smo_iteration", lambda block: _iteration_terms(calib, block),
+                                             ranks, local)
+            local_step = fixed + scale * _iteration_terms(calib, local)
+        else:
+            local_step, row_calls = _iteration_terms(calib, local) + terms.calls(calib, 4), ROW_CALLS
         computed = params.get("kernel_rows") or min(size, 2 * iterations)
         row = local / terms.kernel_rows(calib, ranks) * params.get("n_features", 784) / 784 + \
-            terms.calls(calib, ROW_CALLS)
-        return iterations * step + computed * row + collective_terms.allgather(calib, 8 * size, ranks)
+            terms.calls(calib, row_calls)
+        return iterations * (local_step + 2 * candidates) + computed * row + \
+            collective_terms.allgather(calib, 8 * size, ranks)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):
         """The whole data set in float64 on every rank (the loaded set, its split copies; for an

@@ -33,9 +33,9 @@ KEYS = NUMBERS + RATES + TABLES
 OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
 #: Tables checked when present, each needing no other key: MPI's collective calls timed on two ranks
 #: (`bench.library_tables`; an inter-node file's replace the intra-node ones in projections), the local
-#: GEMVs and the moe steps (`bench.local_rates`; without them the gemv model prices the matrix read as a copy,
-#: the moe model its terms alone).
-LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step")
+#: GEMVs, the moe steps and the Dis-SMO iterations (`bench.local_rates`; without them the gemv model prices the
+#: matrix read as a copy, the moe and svm models their terms alone).
+LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step", "smo_iteration")
 #: The constants of messages, which an inter-node calibration replaces in projections.
 MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")

@@ -106,7 +106,7 @@ TINY_MESSAGES = MessagePlan(sizes=(8, 1 << 20, 16 << 20), stream_sizes=(8, 4 << 
                             rounds=2, calls=(2, 1))
 TINY_RATES = RatesPlan(gemm_sizes=(32, 64), thin_rows=(2, 8), thin_side=64, local_sizes=(8, 1 << 10, 32 << 20),
                        gemv_sides=(8, 64), moe_tokens=(16, 32),
-                       dp_rows=(16, 64),
+                       dp_rows=(16, 64), smo_blocks=(80, 120),
                        suite_points=(("conv", "forward", 16), ("conv", "forward_backward", 16),
                                      ("attention", "full", 64)), rounds=2, least=0.0005)
 
@@ -140,6 +140,9 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"] == list(QUICK.dp_rows)
     assert [nbytes for nbytes, _ in constants["gemv"]["float32"]] == [4 * 8 * 8, 4 * 64 * 64]
     assert [tokens for tokens, _ in constants["moe_step"]["float64"]] == [16, 32]
+    assert [block for block, _ in constants["smo_iteration"]["float64"]] == [80, 120]
+    assert all(len(pair) == 2 and min(pair) > 0 for _, pair in constants["smo_iteration"]["float64"])
+    assert constants["spread"]["one_thread"]["smo_iteration"] >= 0
     assert all(len(pair) == 2 and min(pair) > 0 for _, pair in constants["gemv"]["float64"])  # one thread, all cores
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_with_zero = comm.bcast(node.size, root=0)  # every rank of rank 0's node measures the busy rates
@@ -151,6 +154,7 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
         assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"}
         assert [n for n, _ in busy["reduce"]] == list(QUICK.local_sizes)
         assert [n for n, _ in busy["gemv"]["float64"]] == [8 * 8 * 8, 8 * 64 * 64]
+        assert [block for block, seconds in busy["smo_iteration"]["float64"] if seconds > 0] == [80, 120]
     assert len(constants["gemm"]["float64"][0]) == len(constants["gemm_sizes"]) == len(QUICK.gemm_sizes)
     assert len(constants["gemm_thin"]["float32"][1]) == len(constants["thin_rows"]) == 2
     assert constants["thin_side"] == 64 and all(rate > 0 for rate in constants["gemm_thin"]["float64"][0])
@@ -163,6 +167,7 @@ def test_the_quick_plans_keep_what_the_models_fit():
                         QUICK_MESSAGES.stream_sizes), (FULL.local_sizes, QUICK.local_sizes),
                         (FULL.gemm_sizes, QUICK.gemm_sizes), (FULL.dp_rows, QUICK.dp_rows),
                         (FULL.thin_rows, QUICK.thin_rows), (FULL.gemv_sides, QUICK.gemv_sides), (FULL.moe_tokens, QUICK.moe_tokens),
+                        (FULL.smo_blocks, QUICK.smo_blocks),
                         (FULL_MESSAGES.library_sizes,
                                                             QUICK_MESSAGES.library_sizes)):
         assert quick[0] == full[0] and set(quick) <= set(full) and list(quick) == sorted(set(quick))

@@ -189,6 +189,23 @@ def test_dis_smo_prices_its_python_reduction_op_at_every_step_of_each_allreduce(
     assert added == pytest.approx(SVM_POINT["n_iter"] * 2 * svm_model.OP_CALLS * call)  # log2 4 - log2 2 steps
 
 
+def test_dis_smo_iterations_follow_the_calibrated_ones_through_its_block():
+    """Messages, calls and rows free, a pass a nanosecond a byte: the iteration's local work on the line
+    through the calibrated iterations (100 us at 500 samples, 250 us at 2000), at the rank's block."""
+    calib = dict(calibration(alpha=0, beta=0, gamma=0, overhead=0, copy=1e-9, rate=1e30), kernel_rows=1e30,
+                 reduce=[[1, 0.0], [BIG, 0.0]], point_params=SVM_POINT)
+    model = get_model("svm")
+
+    def iterations(size, ranks):  # the prediction less the candidates' MPI allreduces and the final gather
+        return model.predict("dis_smo", size, ranks, calib) - collective_terms.allgather(calib, 8 * size, ranks) - \
+            SVM_POINT["n_iter"] * 2 * collective_terms.allreduce(calib, 96, ranks)
+    assert iterations(1000, 1) == pytest.approx(SVM_POINT["n_iter"] * svm_model.PASSES * 8 * 1000 * 1e-9)
+    calib["smo_iteration"] = {"float64": [[500, [1e-4, 1e-4]], [2000, [2.5e-4, 2.5e-4]]]}
+    for size, ranks in ((1000, 1), (2000, 2), (4000, 4)):
+        assert iterations(size, ranks) == pytest.approx(SVM_POINT["n_iter"] * 1.5e-4)
+    assert iterations(8000, 2) == pytest.approx(SVM_POINT["n_iter"] * 4.5e-4)  # beyond the table: along its line
+
+
 def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
     calib = calibration(cores=1)
     calib["dp_step"] = {"float64": [[10, [0.5 + 3 * 10] * 2], [100, [0.5 + 3 * 100] * 2]]}
