@@ -8,7 +8,11 @@ environment it is submitted from), launched by ``srun --mpi=pmi2`` (default) or 
 Python that rendered it (so a virtual environment is used on the compute nodes).
 Every job writes its own CSV, ``OUT/SUITE-SCALING[-gpu]-N{nodes}.csv``, so jobs
 never append to one file at the same time; ``mlscale report OUT/*.csv`` reads them
-together.
+together. With ``--calibrate`` each job first runs ``mlscale calibrate --force`` on its own
+allocation (intra-node on one node, between two nodes on more: `bench.calibrate`), into
+``OUT/...-N{nodes}.calib.json``, so the models are priced with constants of the nodes and the
+minutes of the points (on a shared node a calibration ten minutes away was 4-23 % off per table
+here); the printed report command names one of each scope.
 
 When ``sinfo`` answers, a node count larger than the partition (``--partition``,
 else the default one) is refused before anything is written: such a job would
@@ -61,6 +65,10 @@ def add_slurm_options(parser):
                         help="srun --mpi=pmi2 (default) or the MPI's mpiexec inside the allocation")
     parser.add_argument("--out", default="results", help="folder for the scripts, CSVs and job logs (default results)")
     parser.add_argument("--submit", action="store_true", help="submit every script with sbatch and print the job ids")
+    parser.add_argument("--calibrate", nargs="?", const="full", choices=("full", "quick"),
+                        help="each job of 2+ ranks runs `mlscale calibrate --force` (quick: with --quick) on its "
+                             "own nodes before the sweep (OUT/PREFIX-N{nodes}.calib.json: intra-node on one node, "
+                             "inter-node on more)")
 
 
 def parse_node_counts(text):
@@ -203,12 +211,37 @@ def render_jobs(args, argv, node_counts, tasks_per_node, template, prefix, setti
     jobs = []
     for nodes in node_counts:
         stem = os.path.join(out_dir, f"{prefix}-N{nodes}")
+        launch = launch_prefix(args.launcher, nodes * tasks_per_node)
+        quick = " --quick" if args.calibrate == "quick" else ""
+        calibrate = (f"{launch} {common['python']} -m bench.cli calibrate --in-job --force{quick} --out "
+                     f"{shlex.quote(calibration_path(stem))}\n") if calibrated(args, nodes, tasks_per_node) else ""
         text = render(template, dict(
             common, job_name=os.path.basename(stem), nodes=nodes, log=f"{stem}-%j.log", csv=shlex.quote(f"{stem}.csv"),
-            launch=launch_prefix(args.launcher, nodes * tasks_per_node),
+            launch=launch, calibrate=calibrate,
         ))
         jobs.append((f"{stem}.sbatch", text))
     return jobs
+
+
+def calibrated(args, nodes, tasks_per_node):
+    """Whether the job on ``nodes`` calibrates: with ``--calibrate``, when it has two ranks or more (`calibrate`
+    measures between two)."""
+    return args.calibrate is not None and nodes * tasks_per_node >= 2
+
+
+def calibration_path(stem):
+    """Where the job of ``stem`` (``OUT/PREFIX-N{nodes}``) writes its calibration with ``--calibrate``."""
+    return f"{stem}.calib.json"
+
+
+def report_hint(args, prefix, node_counts, tasks_per_node):
+    """The ``mlscale report`` command for the jobs' CSVs; with ``--calibrate``, ``--model`` with the calibration of
+    the one-node job (intra-node) and of the first job on more nodes (inter-node), those that calibrate."""
+    stem = os.path.join(args.out, f"{prefix}-N")
+    counts = [count for count in node_counts if calibrated(args, count, tasks_per_node)]
+    chosen = [count for count in counts if count == 1] + [count for count in counts if count > 1][:1]
+    return f"mlscale report {shlex.quote(stem)}*.csv" + "".join(
+        f" --model {shlex.quote(calibration_path(f'{stem}{count}'))}" for count in chosen)
 
 
 def submit(path):
@@ -244,6 +277,8 @@ def command_slurm(args, argv, out):
     prefix = f"{case.name}-{args.scaling}{'-gpu' if template == 'gpu' else ''}"
     jobs = render_jobs(args, argv, node_counts, tasks_per_node, template, prefix, case.settings)
     os.makedirs(os.path.abspath(args.out), exist_ok=True)
+    if args.calibrate is not None and not calibrated(args, node_counts[0], tasks_per_node):
+        notes.append(f"N{node_counts[0]}: one rank, no calibration (mlscale calibrate measures between two ranks)")
     for note in case.settings.warnings + notes:
         out(f"# {note}")
     for path, text in jobs:
@@ -251,6 +286,5 @@ def command_slurm(args, argv, out):
             handle.write(text)
     for path, _ in jobs:
         out(f"submitted job {submit(path)}: {path}" if args.submit else path)
-    csv_glob = shlex.quote(os.path.join(args.out, f"{prefix}-N")) + "*.csv"
-    out(f"# {'after the jobs' if args.submit else 'sbatch each script, then'}: mlscale report {csv_glob}")
+    out(f"# {'after the jobs' if args.submit else 'sbatch each script, then'}: {report_hint(args, prefix, node_counts, tasks_per_node)}")
     return 0

@@ -5,6 +5,7 @@ The cluster (munged, slurmctld, ``slurmd -N n1`` and ``slurmd -N n2``) comes fro
 tests end, pass or fail. Skipped where Slurm is not installed (``.ci/install-slurm``).
 """
 import csv
+import json
 import os
 import re
 import subprocess
@@ -88,6 +89,8 @@ def test_srun_jobs_on_one_and_two_nodes_write_valid_rows(cluster, tmp_path):
 
 def test_mpiexec_inside_the_allocation_spans_both_nodes(cluster, tmp_path):
     job_ids = submit_sweep(cluster, tmp_path, "--launcher", "mpiexec", "--variants", "mpi,ring", "--scaling", "weak",
-                           nodes="2")  # one node: the srun test's job
+                           "--calibrate", "quick", nodes="2")  # one node: the srun test's job
     assert [job_state(cluster, job_id) for job_id in job_ids] == [("COMPLETED", "0:0")]
     check_rows(read_results(tmp_path, "allreduce-weak-N2"), 2, ("mpi", "ring"))
+    with open(tmp_path / "allreduce-weak-N2.calib.json") as handle:  # the job's own, between its two nodes
+        assert json.load(handle)["scope"] == "inter-node"

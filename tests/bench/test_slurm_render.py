@@ -1,5 +1,6 @@
 """``mlscale slurm`` without a cluster: rendered scripts, submission through a stand-in sbatch, bad input."""
 import csv
+import glob
 import json
 import os
 import re
@@ -80,17 +81,39 @@ def test_every_suite_renders_on_the_gpu_template_one_rank_per_gpu(capsys, tmp_pa
         assert subprocess.run(["bash", "-n", str(tmp_path / f"{suite}-strong-gpu-N{nodes}.sbatch")]).returncode == 0
 
 
-def test_mpiexec_script_runs_outside_slurm(capsys, tmp_path):
-    status, lines, _ = mlscale_slurm(capsys, "slurm", "allreduce", "--nodes", "1", "--ntasks-per-node", "3",
+def test_mpiexec_script_calibrates_then_runs_outside_slurm_and_the_hint_reports_both(capsys, tmp_path):
+    status, lines, _ = mlscale_slurm(capsys, "slurm", "allreduce", "--nodes", "1", "--ntasks-per-node", "2",
                                      "--launcher", "mpiexec", "--variants", "mpi,tree", "--sizes", "24",
-                                     "--iters", "2", "--warmup", "0", "--out", str(tmp_path))
+                                     "--iters", "2", "--warmup", "0", "--calibrate", "quick", "--out", str(tmp_path))
     assert status == 0
-    done = subprocess.run(["bash", lines[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert lines[-1].endswith(f"--model {tmp_path}/allreduce-strong-N1.calib.json")
+    done = subprocess.run(["bash", lines[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "allreduce-strong-N1.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [(row["variant"], row["ranks"], row["nodes"], row["wrong"]) for row in rows] == [
-        ("mpi", "3", "1", "0"), ("tree", "3", "1", "0")]
+        ("mpi", "2", "1", "0"), ("tree", "2", "1", "0")]
+    calibration = json.loads((tmp_path / "allreduce-strong-N1.calib.json").read_text())
+    assert calibration["quick"] is True and calibration["scope"] == "intra-node"
+    words = [found for word in lines[-1].split(": ", 1)[1].split()[1:] for found in glob.glob(word) or [word]]
+    report = words + ["--out", str(tmp_path / "report"), "--no-plots"]  # the hint, its glob expanded as a shell would
+    assert main(report) == 0 and "allreduce model error" in capsys.readouterr().out
+
+
+def test_calibrate_runs_in_every_job_of_two_ranks_before_its_sweep(capsys, tmp_path):
+    out = tmp_path / "res"
+    status, lines, _ = mlscale_slurm(capsys, *BASE[:2], "--ntasks-per-node", "1", "--nodes", "1,2,4", "--calibrate",
+                                     "--out", str(out))
+    assert status == 0
+    assert lines[0] == "# N1: one rank, no calibration (mlscale calibrate measures between two ranks)"
+    assert lines[-1] == (f"# sbatch each script, then: mlscale report {out}/allreduce-strong-N*.csv "
+                         f"--model {out}/allreduce-strong-N2.calib.json")  # N4's is inter-node too: one of each
+    assert "bench.cli calibrate" not in open(out / "allreduce-strong-N1.sbatch").read()
+    for nodes in (2, 4):
+        calibrate, run = open(out / f"allreduce-strong-N{nodes}.sbatch").read().rstrip("\n").splitlines()[-2:]
+        assert calibrate == (f"srun --mpi=pmi2 {sys.executable} -m bench.cli calibrate --in-job --force --out "
+                             f"{out}/allreduce-strong-N{nodes}.calib.json")
+        assert run.startswith(f"srun --mpi=pmi2 {sys.executable} -m bench.cli run allreduce ")
 
 
 def test_submit_prints_the_job_ids(capsys, tmp_path, monkeypatch):
