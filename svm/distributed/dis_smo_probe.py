@@ -64,6 +64,8 @@ class IterationProbe:
             if pair is None:
                 break
             self.pairs.append(pair)
+        if not self.pairs:
+            raise ValueError(f"the probe's solve of {samples} samples converged before its first pair: give more")
         self.done = len(self.pairs)
 
     def __call__(self):

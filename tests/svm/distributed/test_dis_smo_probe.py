@@ -1,5 +1,6 @@
 """The Dis-SMO iteration probe (svm/distributed/dis_smo_probe.py) of the svm model's calibration."""
 import numpy as np
+import pytest
 
 from svm.distributed import dis_smo_probe
 from svm.distributed.dis_smo_probe import RESTART, IterationProbe
@@ -33,3 +34,8 @@ def test_a_solve_that_converges_before_restart_repeats_the_pairs_it_made(monkeyp
     for _ in range(3 * len(probe.pairs)):
         assert probe() > 0
     assert probe.done == len(probe.pairs)
+
+
+def test_a_solve_with_no_pair_to_repeat_is_refused():
+    with pytest.raises(ValueError, match="converged before its first pair"):
+        IterationProbe(1, 3)  # one sample: the KKT gap is zero at the start
