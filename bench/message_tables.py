@@ -2,7 +2,7 @@
 
 Each entry of a table is a median over rounds that visit every entry in turn (a burst of load on a shared
 machine spreads over many entries), each sample the mean of back-to-back calls after a barrier: the
-``pingpong``, ``exchange``, ``stream`` and ``allreduce`` tables, MPI's other collectives' calls
+``pingpong``, ``exchange``, ``exchange_fresh``, ``stream`` and ``allreduce`` tables, MPI's other collectives' calls
 (``library``, `bench.library_tables`), the per-message ``overhead_s`` and the hand-written call's
 ``call_s``; what is measured is a `MessagePlan` (`FULL_MESSAGES`, `QUICK_MESSAGES`).
 """
@@ -54,6 +54,7 @@ def measure_pair(pair, plan):
 
     entries = {("pingpong", n): (_pingponger(pair, n), calls(n)) for n in plan.sizes}
     entries.update({("exchange", n): (_exchanger(pair, n), calls(n)) for n in plan.sizes})
+    entries.update({("exchange_fresh", n): (_forwarder(pair, n), calls(n)) for n in plan.sizes})
     entries.update({("stream", n): (_windower(pair, n), calls(n, 5)) for n in plan.stream_sizes})
     entries.update({("allreduce", n): (_reducer(pair, n), calls(n)) for n in plan.sizes})
     with ExitStack() as stack:
@@ -114,6 +115,18 @@ def _exchanger(comm, nbytes):
     """Both ranks send ``nbytes`` to each other at once."""
     (send, recv), partner = _buffers(nbytes), 1 - comm.rank
     return lambda: comm.Sendrecv(send, partner, 0, recv, partner, 0)
+
+
+def _forwarder(comm, nbytes):
+    """Both ranks send ``nbytes`` to each other at once, each sending what it received in the call before (its
+    two buffers swap roles every call): a send buffer this rank has just written, as a block a hand-written
+    collective forwards or packs (dirty in this core's cache, which the partner reads across cores)."""
+    buffers, partner = list(_buffers(nbytes)), 1 - comm.rank
+
+    def run():
+        comm.Sendrecv(buffers[0], partner, 0, buffers[1], partner, 0)
+        buffers.reverse()
+    return run
 
 
 def _reducer(comm, nbytes):

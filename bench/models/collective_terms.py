@@ -8,7 +8,8 @@ scaled from their calibrated calls (`library`), and a hand-written collective fr
 """
 import math
 
-from bench.models.terms import copy, exchange, exchange_wire, interpolate, log2_ceil, message, reduction, wire
+from bench.models.terms import (copy, exchange, exchange_fresh, exchange_wire, interpolate, log2_ceil, message,
+                                reduction, wire)
 from parallel.collectives.auto import choose
 
 
@@ -103,16 +104,19 @@ def alltoall(calib, nbytes, ranks):
 def schedule(calib, steps, itemsize):
     """One rank's steps of a hand-written collective (a `parallel.collectives.schedule.Schedule`) on
     items of ``itemsize`` bytes: a step sending and receiving pays an `exchange` per pair of its
-    messages (the larger of the two), a step one way a `message` each; its reductions and copies a
+    messages (the larger of the two; an `exchange_fresh` when the send is of bytes the call wrote before:
+    received, or an op's output), a step one way a `message` each; its reductions and copies a
     `reduction` or a `copy` of their bytes, its early copies a `copy` behind the messages (the larger of
     the two). The Python path of the call is the caller's (`hand_written`)."""
-    total = 0.0
+    total, written = 0.0, []
     for sends, recvs, ops in steps.steps:
         sent, received = ([(part.stop - part.start) * itemsize for (_, part), _ in side] for side in (sends, recvs))
         if sent and received:
             pairs = max(len(sent), len(received))
+            fresh = [_written(written, view) for view, _ in sends] + [False] * (pairs - len(sent))
             sent, received = sent + [0] * (pairs - len(sent)), received + [0] * (pairs - len(received))
-            messages = sum(exchange(calib, max(a, b)) for a, b in zip(sent, received))
+            messages = sum((exchange_fresh if new else exchange)(calib, max(a, b))
+                           for a, b, new in zip(sent, received, fresh))
         else:
             messages = sum(message(calib, nbytes) for nbytes in sent + received)
         local = {"early_copy": 0.0, "ops": 0.0}
@@ -121,7 +125,14 @@ def schedule(calib, steps, itemsize):
             local["early_copy" if kind == "early_copy" else "ops"] += (reduction if kind == "reduce" else copy)(
                 calib, (part.stop - part.start) * itemsize)
         total += max(messages, local["early_copy"]) + local["ops"]
+        written += [view for view, _ in recvs] + [views[-1] for _, *views in ops]
     return total
+
+
+def _written(written, view):
+    """Whether the ``(buffer, slice)`` ``view`` overlaps one of the views ``written``."""
+    name, part = view
+    return any(other == name and done.start < part.stop and part.start < done.stop for other, done in written)
 
 
 def bcast(calib, nbytes, ranks):

@@ -68,6 +68,13 @@ def exchange(calib, nbytes):
     return interpolate(calib["exchange"], max(nbytes, 1))
 
 
+def exchange_fresh(calib, nbytes):
+    """An `exchange` whose send buffer this rank wrote just before (`bench.message_tables`' ``exchange_fresh``:
+    what it received the call before); a plain `exchange` for a calibration without the table."""
+    table = calib.get("exchange_fresh")
+    return interpolate(table, max(nbytes, 1)) if table else exchange(calib, nbytes)
+
+
 def exchange_wire(calib, nbytes):
     """One step of an MPI collective where both ranks of a pair send ``nbytes`` at once."""
     return max(exchange(calib, nbytes) - calib["overhead_s"], 0.0)

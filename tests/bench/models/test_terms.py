@@ -206,6 +206,21 @@ def test_dis_smo_iterations_follow_the_calibrated_ones_through_its_block():
     assert iterations(8000, 2) == pytest.approx(SVM_POINT["n_iter"] * 4.5e-4)  # beyond the table: along its line
 
 
+def test_a_schedule_sends_what_it_wrote_at_the_fresh_exchange_time():
+    """Copies free; a clean exchange 1 us, one of bytes the call wrote (received, or an op's output) 3 us."""
+    from parallel.collectives.schedule import Schedule
+
+    calib = dict(calibration(copy=0), exchange=[[1, 1e-6], [BIG, 1e-6]])
+    block = (("in", slice(0, 4)), ("out", slice(0, 4)), ("out", slice(4, 8)), ("tmp", slice(0, 4)))
+    steps = (Schedule().exchange(block[0], 1, block[1], 1)      # clean: the caller's input
+             .exchange(block[1], 1, block[2], 1)               # fresh: received in the step before
+             .copy(block[0], block[3]).exchange(block[3], 1, ("tmp", slice(4, 8)), 1)  # fresh: packed by a copy
+             .exchange(("in", slice(4, 8)), 1, ("tmp", slice(8, 12)), 1))  # clean again
+    assert collective_terms.schedule(calib, steps, 8) == pytest.approx(4e-6)  # no fresh table: all clean
+    calib["exchange_fresh"] = [[1, 3e-6], [BIG, 3e-6]]
+    assert collective_terms.schedule(calib, steps, 8) == pytest.approx(8e-6)
+
+
 def test_a_fitted_step_recovers_the_fixed_cost_and_the_scale():
     calib = calibration(cores=1)
     calib["dp_step"] = {"float64": [[10, [0.5 + 3 * 10] * 2], [100, [0.5 + 3 * 100] * 2]]}
