@@ -103,7 +103,7 @@ FULL = RatesPlan()
 QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tuple(LOCAL_SIZES[::3]) + (LOCAL_SIZES[-1],),
                   gemv_sides=(64, 256, 1024, 2048), dp_rows=(16, 256), moe_tokens=(64, 256),
                   suite_points=tuple((suite, variant, size // 2) for suite, variant, size in SUITE_POINTS),
-                  smo_blocks=(500, 2000),
+                  smo_blocks=(500, 1000),
                   rounds=1, least=0.002)
 
 
