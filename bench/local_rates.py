@@ -52,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
+from bench.models.svm import KERNEL_COLUMNS
 from bench.stability import table_spread
 
 LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
@@ -72,7 +73,7 @@ DP_ROWS = (16, 64, 256)
 MOE_TOKENS = (64, 256, 1024)
 #: The calibrated steps: table -> (suite, variant, the plan's field of their sizes).
 STEPS = {"dp_step": ("dp", "mpi", "dp_rows"), "moe_step": ("moe", "top1", "moe_tokens")}
-KERNEL_DIM, KERNEL_COLUMNS, KERNEL_ROWS = 784, 2000, 16
+KERNEL_DIM, KERNEL_ROWS = 784, 16
 #: Samples of a rank's block at which the Dis-SMO iteration is timed (`smo_iteration`).
 SMO_BLOCKS = (500, 1000, 2000, 4000)
 #: Entries of the ``kernel_rows`` table: blocks of `KERNEL_ROWS` distinct rows over the same samples.

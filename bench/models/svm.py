@@ -45,9 +45,31 @@ ROW_CALLS = 10
 #: five passes, the masked copy) a rank runs at each step of an ``Allreduce`` of candidates: 8-13 us here, as an
 #: ``Allreduce`` with it took 22-27 us against 6-7 us with ``MPI.MAX`` on 2 ranks.
 OP_CALLS = 12
+#: Bytes of the two ``Allreduce`` of candidate records per iteration (two records, then one).
+CANDIDATE_BYTES = (96, 48)
+#: Columns of a calibrated kernel row (`bench.local_rates`' ``kernel_rows``): the row's calls, `ROW_CALLS`, are
+#: spread over them in the calibrated rate.
+KERNEL_COLUMNS = 2000
 #: Why a variant's speedup may exceed the rank count (shown by `mlscale report` beside such points).
 _SMALLER = "SMO's cost grows faster than linearly with the samples, and this variant solves {}"
 _PARTITIONED = _SMALLER.format("p problems of n/p samples and no global one: smaller problems, not the same one faster")
+
+
+def _candidates(calib, ranks):
+    """Seconds of one iteration's two ``Allreduce`` of candidates on ``ranks`` ranks: MPI's allreduce of their
+    bytes (`collective_terms.allreduce`) and, at each of its log2 p steps, the Python reduction op
+    (`OP_CALLS` calls)."""
+    return sum(collective_terms.allreduce(calib, nbytes, ranks) + terms.calls(calib, OP_CALLS * log2_ceil(ranks))
+               for nbytes in CANDIDATE_BYTES)
+
+
+def _kernel_row(calib, columns, ranks, features):
+    """Seconds of one RBF kernel row of ``columns`` entries of ``features`` features: its `ROW_CALLS` calls, and
+    the entries at the calibrated rate (`terms.kernel_rows`, measured at `KERNEL_COLUMNS` entries a row) less
+    those calls, scaled by ``features`` / 784."""
+    call = terms.calls(calib, ROW_CALLS)
+    entry = max(1 / terms.kernel_rows(calib, ranks) - call / KERNEL_COLUMNS, 0.0)
+    return call + columns * entry * features / 784
 
 
 def _iteration_terms(calib, block):
@@ -83,29 +105,26 @@ class SVMModel(Model):
         one-rank iterations around that block (``smo_iteration``, `terms.fitted_step`: measured as a solve
         runs them, after a kernel row has taken the caches, where the same calls in tight loops took a half to
         a third of the time; it holds the candidates' Python path on one rank and the cache's work on a miss)
-        over the terms `_iteration_terms`; then the two ``Allreduce`` of candidates beyond one rank: MPI's
-        small allreduce and the Python reduction op, `OP_CALLS` calls at each of its log2 p steps. Per kernel
-        row: the rank's n / p columns at the calibrated rate (`terms.kernel_rows`, scaled by ``n_features`` /
-        784). Then the final gathers. A calibration without ``smo_iteration`` (older files): the terms
-        alone, and `ROW_CALLS` calls per row. None for the other variants: their iteration counts (cascade
+        over the terms `_iteration_terms`; then the two ``Allreduce`` of candidates (`_candidates`: MPI's
+        small allreduce and the Python reduction op, `OP_CALLS` calls at each of its log2 p steps). Per kernel row
+        (`_kernel_row`): its calls and the rank's n / p columns at the calibrated rate (a row of 250 columns
+        took 31 us here, 1.5x its columns' share of a 2000-column row). Then the final gathers. A calibration
+        without ``smo_iteration`` (older files): the terms alone. None for the other variants: their iteration counts (cascade
         passes, k-means, per-partition solves) are no function of the constants, so a model would only
         restate the measurement."""
         params = calib.get("point_params") or {}
         if variant != "dis_smo" or not params.get("n_iter"):
             return None
         iterations, local = int(params["n_iter"]), size / ranks
-        candidates = collective_terms.allreduce(calib, 96, ranks) + terms.calls(calib, OP_CALLS * log2_ceil(ranks))
-        row_calls = 0
         if "smo_iteration" in calib:
             fixed, scale = terms.fitted_step(calib, "smo_iteration", lambda block: _iteration_terms(calib, block),
                                              ranks, local)
             local_step = fixed + scale * _iteration_terms(calib, local)
         else:
-            local_step, row_calls = _iteration_terms(calib, local) + terms.calls(calib, 4), ROW_CALLS
+            local_step = _iteration_terms(calib, local) + terms.calls(calib, 4)
         computed = params.get("kernel_rows") or min(size, 2 * iterations)
-        row = local / terms.kernel_rows(calib, ranks) * params.get("n_features", 784) / 784 + \
-            terms.calls(calib, row_calls)
-        return iterations * (local_step + 2 * candidates) + computed * row + \
+        row = _kernel_row(calib, local, ranks, params.get("n_features", 784))
+        return iterations * (local_step + _candidates(calib, ranks)) + computed * row + \
             collective_terms.allgather(calib, 8 * size, ranks)
 
     def memory_bytes(self, problem, ranks, variant, dtype, check=True):

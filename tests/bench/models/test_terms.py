@@ -180,6 +180,23 @@ def test_dis_smo_prices_the_rows_its_cache_computed():
     assert predict() == pytest.approx(predict(kernel_rows=20))  # a file without them: two rows per iteration
 
 
+def test_a_kernel_row_pays_its_calls_whole_and_its_columns_at_the_calibrated_rate_less_them():
+    """Messages and passes free, each small NumPy call 1 us: a row of the calibrated width (2000 columns, 4000
+    samples on 2 ranks) at the calibrated rate, calls included; a narrower one pays the calls whole."""
+    call, rate = 1e-6, 1e6
+    calib = dict(LATENCY_ONLY, kernel_rows=[rate, rate], reduce=[[1, call], [BIG, call]])
+
+    def row(size, **params):
+        def predict(rows):
+            point = dict(SVM_POINT, kernel_rows=rows, **params)
+            return get_model("svm").predict("dis_smo", size, 2, dict(calib, point_params=point))
+        return predict(2) - predict(1)
+    assert row(4000) == pytest.approx(svm_model.KERNEL_COLUMNS / rate)
+    entry = 1 / rate - svm_model.ROW_CALLS * call / svm_model.KERNEL_COLUMNS
+    assert row(500) == pytest.approx(svm_model.ROW_CALLS * call + 250 * entry)
+    assert row(500, n_features=1568) == pytest.approx(svm_model.ROW_CALLS * call + 2 * 250 * entry)
+
+
 def test_dis_smo_prices_its_python_reduction_op_at_every_step_of_each_allreduce():
     call = 1e-6  # messages and passes free, each small NumPy call a microsecond
     calib = dict(calibration(alpha=0, beta=0, gamma=0, overhead=0, copy=0, rate=1e30), kernel_rows=1e30,
@@ -198,7 +215,7 @@ def test_dis_smo_iterations_follow_the_calibrated_ones_through_its_block():
 
     def iterations(size, ranks):  # the prediction less the candidates' MPI allreduces and the final gather
         return model.predict("dis_smo", size, ranks, calib) - collective_terms.allgather(calib, 8 * size, ranks) - \
-            SVM_POINT["n_iter"] * 2 * collective_terms.allreduce(calib, 96, ranks)
+            SVM_POINT["n_iter"] * sum(collective_terms.allreduce(calib, n, ranks) for n in svm_model.CANDIDATE_BYTES)
     assert iterations(1000, 1) == pytest.approx(SVM_POINT["n_iter"] * svm_model.PASSES * 8 * 1000 * 1e-9)
     calib["smo_iteration"] = {"float64": [[500, [1e-4, 1e-4]], [2000, [2.5e-4, 2.5e-4]]]}
     for size, ranks in ((1000, 1), (2000, 2), (4000, 4)):
