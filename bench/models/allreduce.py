@@ -9,7 +9,8 @@ from parallel.collectives.nccl_wire import NCCL_WIRE_CHOICES
 
 class AllreduceModel(CollectiveModel):
     """The collectives' settings and rules (`bench.models.collective`); the algorithms are priced by
-    `bench.models.collective_terms.allreduce`, not from their steps (``hierarchical`` composes sub-communicators)."""
+    `bench.models.collective_terms.allreduce` (the hand-written ones as their steps are priced, in closed form;
+    ``hierarchical`` as its ring inside one node)."""
 
     name = "allreduce"
     algorithms = dict.fromkeys(ALLREDUCE_ALGORITHMS)

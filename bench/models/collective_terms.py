@@ -6,7 +6,7 @@ calibrated call on two ranks), MPI's other collectives by their formulas in cali
 scaled from their calibrated calls (`library`), and a hand-written collective from one rank's steps
 (`schedule`, on the busiest sampled rank: `hand_written`).
 """
-import math
+import bisect
 
 from bench.models.terms import (copy, exchange, exchange_fresh, exchange_wire, interpolate, log2_ceil, message,
                                 reduction, wire)
@@ -19,13 +19,18 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     ``mpi``: MPI_Allreduce at the calibrated time of the library's own allreduce on two
     ranks, scaled to ``ranks`` as recursive doubling or Rabenseifner (MPICH's choice: the
     cheaper) scale. The hand-written algorithms pay the calibrated Python path of a call
-    (``call_s``) and, per step, a Python call and a NumPy reduction: ring 2(p-1)
-    exchanges of n/p and p-1 reductions, recursive doubling log2 p' exchanges and
-    reductions of n, Rabenseifner 2 log2 p' exchanges of halving sizes (reduce-scatter,
-    then allgather) and log2 p' reductions, tree ceil(log2 p) one-way messages of n up
-    (each reduced) and as many down. Non-powers of two add a fold (two one-way messages
-    of n and a reduction). ``hierarchical`` is priced as its part inside one node, the ring (a
-    calibration measures one node, or one pair across two). One rank: the call and a copy.
+    (``call_s``) and the steps of their schedules (`parallel.collectives.ALLREDUCE_SCHEDULES`, as
+    `hand_written` prices them on the busiest rank, in closed form: a projection to a million ranks stays
+    instant), where a send of bytes the call reduced or received before is an `exchange_fresh`: ring one
+    exchange of its input and 2p - 3 fresh ones of n/p, p - 1 reductions; recursive doubling log2 p'
+    exchanges and reductions of n, the first of its input; Rabenseifner log2 p' exchanges of halving sizes
+    (reduce-scatter, the first of its input) and as many fresh ones back (allgather), log2 p' reductions; tree
+    ceil(log2 p) one-way messages of n up (each reduced) and as many down. Non-powers of two add a fold (two
+    one-way messages of n and a reduction) on the ranks that take one, whose exchanges are then all fresh.
+    On 2 ranks the ring at 256 KiB-4 MiB took 2.9-4x two clean exchanges in three of four calibrate + sweep
+    pairs here, when the calibration's fresh exchange was 3-3.4x a clean one. ``hierarchical`` is priced as
+    its part inside one node, the ring (a calibration measures one node, or one pair across two). One rank:
+    the call and a copy.
     """
     p, n = ranks, nbytes
     if algorithm == "mpi":
@@ -36,18 +41,27 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
         return calib["overhead_s"] + library * (_library_steps(calib, n, p) / base if base > 0 else 1.0)
     if p == 1:
         return calib["call_s"] - copy(calib, 8) + copy(calib, n)
+    algorithm = {"auto": choose(p, n), "hierarchical": "ring"}.get(algorithm, algorithm)
+    if algorithm == "ring":
+        block = n / p
+        return calib["call_s"] + exchange(calib, block) + (2 * p - 3) * exchange_fresh(calib, block) + \
+            (p - 1) * reduction(calib, block)
+    if algorithm == "tree":
+        return calib["call_s"] + log2_ceil(p) * (2 * message(calib, n) + reduction(calib, n))
     pow2 = 1 << (p.bit_length() - 1)
     rounds = pow2.bit_length() - 1
-    fold = 0.0 if p == pow2 else 2 * message(calib, n) + reduction(calib, n)
-    halves = sum(exchange(calib, n / 2**(r + 1)) * 2 + reduction(calib, n / 2**(r + 1)) for r in range(rounds))
-    costs = dict(
-        ring=(p - 1) * (2 * exchange(calib, n / p) + reduction(calib, n / p)),
-        recursive_doubling=fold + rounds * (exchange(calib, n) + reduction(calib, n)),
-        rabenseifner=fold + halves,
-        tree=math.ceil(math.log2(p)) * (2 * message(calib, n) + reduction(calib, n)),
-    )
-    costs["hierarchical"] = costs["ring"]  # on the calibration's one node: its intra-node ring
-    return calib["call_s"] + costs[choose(p, n) if algorithm == "auto" else algorithm]
+    if algorithm == "recursive_doubling":
+        sizes, back = [n] * rounds, []
+    else:  # rabenseifner: recursive halving, then doubling back
+        sizes = [n / 2**(r + 1) for r in range(rounds)]
+        back = sizes
+    reductions = sum(reduction(calib, size) for size in sizes)
+    later = sum(exchange_fresh(calib, size) for size in sizes[1:] + back)
+    steps = exchange(calib, sizes[0]) + later + reductions
+    if p > pow2:  # a rank that took a fold: every exchange sends what it reduced
+        folded = 2 * message(calib, n) + reduction(calib, n) + exchange_fresh(calib, sizes[0]) + later + reductions
+        steps = max(steps, folded)
+    return calib["call_s"] + steps
 
 
 def hand_written(calib, build, ranks, items, itemsize, counts=None, in_place=False):
@@ -108,12 +122,12 @@ def schedule(calib, steps, itemsize):
     received, or an op's output), a step one way a `message` each; its reductions and copies a
     `reduction` or a `copy` of their bytes, its early copies a `copy` behind the messages (the larger of
     the two). The Python path of the call is the caller's (`hand_written`)."""
-    total, written = 0.0, []
+    total, written = 0.0, _Written()
     for sends, recvs, ops in steps.steps:
         sent, received = ([(part.stop - part.start) * itemsize for (_, part), _ in side] for side in (sends, recvs))
         if sent and received:
             pairs = max(len(sent), len(received))
-            fresh = [_written(written, view) for view, _ in sends] + [False] * (pairs - len(sent))
+            fresh = [written.overlaps(view) for view, _ in sends] + [False] * (pairs - len(sent))
             sent, received = sent + [0] * (pairs - len(sent)), received + [0] * (pairs - len(received))
             messages = sum((exchange_fresh if new else exchange)(calib, max(a, b))
                            for a, b, new in zip(sent, received, fresh))
@@ -125,14 +139,40 @@ def schedule(calib, steps, itemsize):
             local["early_copy" if kind == "early_copy" else "ops"] += (reduction if kind == "reduce" else copy)(
                 calib, (part.stop - part.start) * itemsize)
         total += max(messages, local["early_copy"]) + local["ops"]
-        written += [view for view, _ in recvs] + [views[-1] for _, *views in ops]
+        for view in [view for view, _ in recvs] + [views[-1] for _, *views in ops]:
+            written.add(view)
     return total
 
 
-def _written(written, view):
-    """Whether the ``(buffer, slice)`` ``view`` overlaps one of the views ``written``."""
-    name, part = view
-    return any(other == name and done.start < part.stop and part.start < done.stop for other, done in written)
+class _Written:
+    """The parts of a call's buffers it has written, per buffer as sorted disjoint ``[start, stop)`` ranges
+    (touching ones merged): a ring on p ranks writes 2p blocks, checked at every step in O(log p)."""
+
+    def __init__(self):
+        self.ranges = {}
+
+    def add(self, view):
+        """Record the ``(buffer, slice)`` ``view`` as written (an empty one writes nothing)."""
+        name, part = view
+        if part.start >= part.stop:
+            return
+        starts, stops = self.ranges.setdefault(name, ([], []))
+        first = bisect.bisect_left(stops, part.start)     # the first range ending at or after its start
+        last = bisect.bisect_right(starts, part.stop)     # past the last range starting at or before its stop
+        start, stop = part.start, part.stop
+        if first < last:
+            start, stop = min(start, starts[first]), max(stop, stops[last - 1])
+        starts[first:last], stops[first:last] = [start], [stop]
+
+    def overlaps(self, view):
+        """Whether the ``(buffer, slice)`` ``view`` overlaps a part written (an empty one sends nothing written)."""
+        name, part = view
+        if part.start >= part.stop:
+            return False
+        starts, stops = self.ranges.get(name, ((), ()))
+        index = bisect.bisect_right(starts, part.start) - 1  # the last range starting at or before it
+        return (index >= 0 and stops[index] > part.start) or \
+            (index + 1 < len(starts) and starts[index + 1] < part.stop)
 
 
 def bcast(calib, nbytes, ranks):

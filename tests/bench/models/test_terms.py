@@ -4,6 +4,7 @@ import pytest
 from bench.models import collective_terms, get_model, terms
 from bench.models import svm as svm_model
 from tests.bench.report_rows import BIG, calibration
+from tests.mpitools import combination
 
 ALPHA, OVERHEAD = 1e-5, 1e-6
 #: Every message costs ALPHA + OVERHEAD from Python, ALPHA inside MPI; nothing else costs anything.
@@ -33,6 +34,37 @@ def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, st
     else:  # the call's Python path, then a Python message and a NumPy reduction per step
         expected = OVERHEAD + messages * (ALPHA + OVERHEAD) + reductions * 1e-3
     assert collective_terms.allreduce(calib, 1024, ranks, algorithm) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("algorithm, clean, fresh", [
+    ("ring", 1, 1), ("hierarchical", 1, 1), ("rabenseifner", 1, 1), ("recursive_doubling", 1, 0), ("tree", 0, 0),
+])
+def test_a_hand_written_allreduce_sends_what_it_reduced_at_the_fresh_exchange_time(algorithm, clean, fresh):
+    """Reductions and copies free; on 2 ranks a clean exchange 1 us, one of bytes the call wrote 3 us: the ring
+    and Rabenseifner send their input, then the half they reduced; recursive doubling its input once; the
+    tree one-way messages (two, at the ping-pong's one-way time)."""
+    calib = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30),
+                 exchange=[[1, 1e-6], [BIG, 1e-6]], exchange_fresh=[[1, 3e-6], [BIG, 3e-6]])
+    one_way = 0 if clean or fresh else 2 * (ALPHA + OVERHEAD)
+    expected = OVERHEAD + clean * 1e-6 + fresh * 3e-6 + one_way
+    assert collective_terms.allreduce(calib, 1 << 20, 2, algorithm) == pytest.approx(expected)
+    del calib["exchange_fresh"]  # an older calibration: every exchange clean
+    assert collective_terms.allreduce(calib, 1 << 20, 2, algorithm) == pytest.approx(expected - fresh * 2e-6)
+
+
+def test_the_allreduce_formulas_price_the_algorithms_steps_as_their_schedules_do():
+    """Closed forms (instant at a million ranks) equal to `collective_terms.hand_written` on the schedules: every
+    term distinct (clean and fresh exchanges, one-way messages, reductions), 2 to 19 ranks."""
+    from parallel.collectives import ALLREDUCE_SCHEDULES
+
+    calib = dict(calibration(alpha=3e-6, beta=1e-10, gamma=2e-11, overhead=2e-7, copy=0),
+                 exchange=[[1, 1e-6], [BIG, 1e-6 + BIG * 1e-10]], exchange_fresh=[[1, 2e-6], [BIG, 2e-6 + BIG * 3e-10]])
+    for algorithm, build in ALLREDUCE_SCHEDULES.items():
+        for ranks in range(2, 20):
+            for items in (ranks << 12, ranks * 5 << 14):  # blocks of whole halvings
+                with combination(algorithm, ranks, items):
+                    assert collective_terms.allreduce(calib, 8 * items, ranks, algorithm) == pytest.approx(
+                        collective_terms.hand_written(calib, build, ranks, items, 8), rel=1e-9)
 
 
 def test_gemm_rate_follows_threads_and_table():
