@@ -13,8 +13,9 @@ from bench.models.terms import (copy, exchange, exchange_fresh, exchange_wire, i
 from parallel.collectives.auto import choose
 
 
-def allreduce(calib, nbytes, ranks, algorithm="mpi"):
-    """An allreduce of ``nbytes`` per rank.
+def allreduce(calib, nbytes, ranks, algorithm="mpi", written=False):
+    """An allreduce of ``nbytes`` per rank (``written``: of a buffer the caller has just written, as gradients
+    after the backward pass: the hand-written algorithms' first exchange of it is fresh too).
 
     ``mpi``: MPI_Allreduce at the calibrated time of the library's own allreduce on two
     ranks, scaled to ``ranks`` as recursive doubling or Rabenseifner (MPICH's choice: the
@@ -42,9 +43,10 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
     if p == 1:
         return calib["call_s"] - copy(calib, 8) + copy(calib, n)
     algorithm = {"auto": choose(p, n), "hierarchical": "ring"}.get(algorithm, algorithm)
+    first = exchange_fresh if written else exchange
     if algorithm == "ring":
         block = n / p
-        return calib["call_s"] + exchange(calib, block) + (2 * p - 3) * exchange_fresh(calib, block) + \
+        return calib["call_s"] + first(calib, block) + (2 * p - 3) * exchange_fresh(calib, block) + \
             (p - 1) * reduction(calib, block)
     if algorithm == "tree":
         return calib["call_s"] + log2_ceil(p) * (2 * message(calib, n) + reduction(calib, n))
@@ -57,7 +59,7 @@ def allreduce(calib, nbytes, ranks, algorithm="mpi"):
         back = sizes
     reductions = sum(reduction(calib, size) for size in sizes)
     later = sum(exchange_fresh(calib, size) for size in sizes[1:] + back)
-    steps = exchange(calib, sizes[0]) + later + reductions
+    steps = first(calib, sizes[0]) + later + reductions
     if p > pow2:  # a rank that took a fold: every exchange sends what it reduced
         folded = 2 * message(calib, n) + reduction(calib, n) + exchange_fresh(calib, sizes[0]) + later + reductions
         steps = max(steps, folded)

@@ -88,7 +88,8 @@ class HybridModel(Model):
         blocks = math.ceil(self.blocks / pp)
         forward, backward = terms.dense_layers(calib, (self.hidden, self.ffn, self.hidden), rows, ranks, split=tp)
         algorithm = FAMILIES.get(self.collectives, ("mpi",))[0]
-        tensor = 2 * collective_terms.allreduce(calib, rows * self.hidden * item, tp, algorithm) if tp > 1 else 0.0
+        tensor = 2 * collective_terms.allreduce(calib, rows * self.hidden * item, tp, algorithm, written=True) \
+            if tp > 1 else 0.0
         block_gradients = (2 * self.hidden * math.ceil(self.ffn / tp) + self.ffn + self.hidden) * item
         summed = terms.copy(calib, block_gradients) + terms.reduction(calib, block_gradients)
         stage = blocks * (forward + backward + tensor + summed)

@@ -54,7 +54,7 @@ class TensorParallelModel(Model):
             return compute
         names = FAMILIES.get(collectives, ("mpi",) * 3)
         if variant == "allreduce":
-            return compute + 2 * collective_terms.allreduce(calib, activations, ranks, names[0])
+            return compute + 2 * collective_terms.allreduce(calib, activations, ranks, names[0], written=True)
         if collectives == "mpi":
             exchange = collective_terms.allgather(calib, activations, ranks) + collective_terms.reduce_scatter(calib, activations, ranks)
         else:

@@ -40,14 +40,17 @@ def test_allreduce_counts_messages_and_reductions(ranks, algorithm, messages, st
     ("ring", 1, 1), ("hierarchical", 1, 1), ("rabenseifner", 1, 1), ("recursive_doubling", 1, 0), ("tree", 0, 0),
 ])
 def test_a_hand_written_allreduce_sends_what_it_reduced_at_the_fresh_exchange_time(algorithm, clean, fresh):
-    """Reductions and copies free; on 2 ranks a clean exchange 1 us, one of bytes the call wrote 3 us: the ring
-    and Rabenseifner send their input, then the half they reduced; recursive doubling its input once; the
-    tree one-way messages (two, at the ping-pong's one-way time)."""
+    """Reductions and copies free; on 2 ranks a clean exchange 1 us, one of bytes the call (or its caller, just
+    before) wrote 3 us: the ring and Rabenseifner send their input, then the half they reduced; recursive
+    doubling its input once; the tree one-way messages (two, at the ping-pong's one-way time)."""
     calib = dict(calibration(alpha=ALPHA, beta=0, gamma=0, overhead=OVERHEAD, copy=0, rate=1e30),
                  exchange=[[1, 1e-6], [BIG, 1e-6]], exchange_fresh=[[1, 3e-6], [BIG, 3e-6]])
     one_way = 0 if clean or fresh else 2 * (ALPHA + OVERHEAD)
     expected = OVERHEAD + clean * 1e-6 + fresh * 3e-6 + one_way
     assert collective_terms.allreduce(calib, 1 << 20, 2, algorithm) == pytest.approx(expected)
+    # gradients the backward pass has just written: the first exchange of them is fresh too
+    assert collective_terms.allreduce(calib, 1 << 20, 2, algorithm, written=True) == pytest.approx(
+        expected + clean * 2e-6)
     del calib["exchange_fresh"]  # an older calibration: every exchange clean
     assert collective_terms.allreduce(calib, 1 << 20, 2, algorithm) == pytest.approx(expected - fresh * 2e-6)
 
