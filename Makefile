@@ -41,8 +41,9 @@ sweep: $(STAMP)
 # one BLAS thread) runs beside the serial tests, whose workers wait on launches often enough to leave it a
 # core; its output follows theirs. No test times anything, and the tests' sweeps sample an unstable point
 # no more (MLSCALE_MAX_POINT_SECONDS=0: the tests check results, not stability; the tests of the
-# resampling give --max-point-seconds themselves).
-MPI_ROUND = PYTHONDONTWRITEBYTECODE= timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+# resampling give --max-point-seconds themselves) and take no memory probe (MLSCALE_MEMORY_PROBE=0: 10 ms a
+# point; the probe's tests turn it on).
+MPI_ROUND = PYTHONDONTWRITEBYTECODE= MLSCALE_MEMORY_PROBE=0 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	$(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider -p no:xdist
 
 test: $(STAMP)
@@ -50,7 +51,7 @@ test: $(STAMP)
 	if [ -n "$(filter 1,$(TEST_RANKS))" ]; then \
 	  n=1; OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(MPI_ROUND) > $$one 2>&1 & beside=$$!; \
 	fi; \
-	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
+	PYTHONDONTWRITEBYTECODE= MLSCALE_MAX_POINT_SECONDS=0 MLSCALE_MEMORY_PROBE=0 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
 	  $(PY) -m pytest -m "not mpi" -p no:cacheprovider -q -rs -n $(NPROC) --dist loadgroup || status=1; \
 	if [ -n "$${beside:-}" ]; then \
 	  wait $$beside || status=1; echo "== MPI tests on 1 ranks (beside the serial tests)"; cat $$one; \

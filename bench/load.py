@@ -14,14 +14,26 @@ node, counts as measured on a busy node (`busy`; the sweep's closing line counts
 
 Communication per point: one ``Split_type`` (made once per rank count by the caller: the
 node communicator), two reductions of a few numbers on it and one allgather on the point's
+communicator; the probe: one reduction of one number and `PROBE_ROUNDS` barriers on the node
 communicator.
 """
 import os
 import time
 
+import numpy as np
+
+from kernels.errors import InputError
+
 #: Other processes taking more than this share of a node's cores make its point "busy".
 BUSY_SHARE = 0.1
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal
+#: Side of the probe's float64 matrix: 32 MiB per rank, beyond the last-level cache of a node whose ranks share it.
+PROBE_SIDE = 2048
+PROBE_BYTES = PROBE_SIDE * PROBE_SIDE * 8
+#: Rounds of the probe and seconds each lasts at least (3 x 2 GEMVs of about 1.4 ms here: 10-15 ms a point).
+PROBE_ROUNDS, PROBE_LEAST_S = 3, 0.003
+#: ``MLSCALE_MEMORY_PROBE=0`` leaves the probe out (``1``, the default: in), as the tests' many small sweeps do.
+PROBE_VARIABLE = "MLSCALE_MEMORY_PROBE"
 
 
 def node_cpu_seconds():
@@ -48,13 +60,42 @@ def _own_cpu_seconds():
     return times.user + times.system
 
 
+def memory_probe_enabled(environ):
+    """Whether `PROBE_VARIABLE` in ``environ`` leaves the probe in (unset or ``1``) or out (``0``);
+    `kernels.errors.InputError` for another value."""
+    text = environ.get(PROBE_VARIABLE, "1").strip()
+    if text not in ("0", "1"):
+        raise InputError(f"{PROBE_VARIABLE} must be 0 (no memory probe) or 1, got {text!r}")
+    return text == "1"
+
+
+class MemoryProbe:
+    """Collective on ``node`` (the ranks of one node): holds this rank's `PROBE_BYTES` matrix; a call times its
+    GEMV on every rank of the node at once (at the BLAS threads in force) and returns this rank's median
+    seconds."""
+
+    def __init__(self, node):
+        self.node = node
+        self.matrix, self.vector = np.full((PROBE_SIDE, PROBE_SIDE), 0.5), np.full(PROBE_SIDE, 0.5)
+
+    def __call__(self):
+        from bench.local_rates import interleaved_samples  # starts MPI: not for the commands that run no job
+
+        samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S)["gemv"]
+        return float(np.median(samples))
+
+    def _product(self):
+        return self.matrix @ self.vector
+
+
 class PointLoad:
     """Collective: made on every rank of ``comm`` (``node``: its ranks on this node) before a point, `finish`
-    after it; ``threads`` is the BLAS threads per rank."""
+    after it; ``threads`` is the BLAS threads per rank; ``probe``: a `MemoryProbe` on ``node`` to run first."""
 
-    def __init__(self, comm, node, threads):
+    def __init__(self, comm, node, threads, probe=None):
         self.comm, self.node, self.threads = comm, node, threads
         self.leader = node.rank == 0
+        self.memory = probe() if probe is not None else None
         self.start_wall, self.start_own = time.monotonic(), _own_cpu_seconds()
         self.start_node = node_cpu_seconds() if self.leader else None
         self.runnable = runnable_tasks() if self.leader else None
@@ -70,11 +111,14 @@ class PointLoad:
             if self.start_node is not None and end_node is not None and wall > 0:
                 others = min(1.0, max(0.0, (end_node - self.start_node - own) / (wall * cores)))
         nodes = [entry for entry in self.comm.allgather(
-            (others, self.runnable, cores, self.node.size * self.threads) if self.leader else None) if entry]
+            (others, self.runnable, cores, self.node.size * self.threads, self.memory) if self.leader else None)
+                 if entry]
         shares = [share for share, *_ in nodes if share is not None]
+        probes = [seconds for *_, seconds in nodes if seconds is not None]
         busiest = max(nodes, key=lambda entry: entry[1] if entry[1] is not None else -1)
         return {"others": round(max(shares), 3) if shares else None, "runnable": busiest[1], "cores": busiest[2],
-                "oversubscribed": any(used > cores for _, _, cores, used in nodes)}
+                "oversubscribed": any(used > cores for _, _, cores, used, _ in nodes),
+                "memory_probe_s": round(max(probes), 7) if probes else None}
 
 
 def busy(load):

@@ -12,6 +12,7 @@ from bench.case import parse_variants
 from bench.registry import case_class
 from bench.resources import check_job, check_local
 from bench.settings import resolve
+from bench.load import memory_probe_enabled
 from bench.stability import (MAX_POINT_SECONDS, MAX_SPREAD, POINT_SECONDS_VARIABLE, SAMPLES_FACTOR, check_max_spread,
                              max_point_seconds)
 from bench.progress import parse_duration
@@ -127,7 +128,7 @@ def make_config(args, job_size, comm=None):
         dtype=args.dtype or case.dtypes[0], check=args.check, variants_named=bool(args.variants),
         time_limit=parse_duration(args.time_limit) if args.time_limit else None, max_spread=args.max_spread,
         max_point_seconds=max_point_seconds(args.max_point_seconds, os.environ),
-        remeasure_unstable=args.remeasure_unstable,
+        remeasure_unstable=args.remeasure_unstable, memory_probe=memory_probe_enabled(os.environ),
     )
     if getattr(args, "command", None) == "sweep":
         plan_points(case, config)  # a variant no rank count can run is refused before the job starts

@@ -19,14 +19,15 @@ from bench.units import format_size
 DEVICE_WARMUP = 2
 
 
-def measure_point(sub, node, threads, case, config, backend, variant, size):
+def measure_point(sub, node, threads, case, config, backend, variant, size, probe=None):
     """Set up, time, check and tear down one point (``variant`` at ``size``) on every rank of ``sub`` (``node``:
-    this rank's ranks on its node, ``threads``: BLAS threads per rank); return its row, less the columns the
-    sweep adds (the point's identity, provenance, timestamp)."""
+    this rank's ranks on its node, ``threads``: BLAS threads per rank, ``probe``: a `bench.load.MemoryProbe` on
+    ``node`` to run right before the timed runs); return its row, less the columns the sweep adds (the point's
+    identity, provenance, timestamp)."""
     peak = DevicePeak(backend)
     problem, iters, warmup, state = agree(sub, _prepare, sub, case, config, backend, variant, size)
     with _torn_down(sub, case, state):
-        load = PointLoad(sub, node, threads)
+        load = PointLoad(sub, node, threads, probe)
         with failing_together(sub):  # the same error on every rank: one line; on some ranks alone: abort
             timing = measure(sub, functools.partial(case.run, state), iters, warmup, backend.synchronize,
                              resampling=Resampling(config.max_spread, config.max_point_seconds))

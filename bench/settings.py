@@ -30,7 +30,7 @@ PREFIX = "MLSCALE_"
 
 #: Variables that steer the harness itself rather than what a suite computes.
 HARNESS_VARIABLES = ("MLSCALE_MPIEXEC", "MLSCALE_DEBUG", "MLSCALE_CUDA_AWARE", "MLSCALE_GRACE_SECONDS",
-                     "MLSCALE_MAX_POINT_SECONDS")
+                     "MLSCALE_MAX_POINT_SECONDS", "MLSCALE_MEMORY_PROBE")
 #: The first word of the settings of every registered suite (``DP`` of ``MLSCALE_DP_MODEL``; ``GRID`` is a
 #: whole name): another suite's variable is not read, a name under none of them is a typo (tests check the list).
 SUITE_PREFIXES = ("ATTN", "COLL", "CONV", "DP", "GEMM", "GRID", "HYBRID", "MOE", "PP", "PS", "SVM", "TP")

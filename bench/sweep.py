@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from bench.case import parse_variants
 from bench.csvio import ResultsFile, point_key
 from bench.faults import AGREED, AgreedInputError, abort_job, agree, agreed_error, sleeping_barrier, uninterrupted
+from bench.load import MemoryProbe
 from bench.point import measure_point
 from bench.progress import Progress
 from bench.provenance import device_description, mpi_library, placement
@@ -54,6 +55,7 @@ class SweepConfig:
     max_spread: float = MAX_SPREAD
     max_point_seconds: float = MAX_POINT_SECONDS
     remeasure_unstable: bool = False
+    memory_probe: bool = True
 
 
 @dataclass
@@ -192,15 +194,17 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
         progress.drop(sub.size, set(variants) - set(available))
     node = sub.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return _measure_points(sub, node, threads, case, config, backend, results, provenance, available, emit,
-                               progress, where.nodes, settings)
+        probe = MemoryProbe(node) if config.memory_probe else None
+        return _measure_points(sub, node, probe, threads, case, config, backend, results, provenance, available,
+                               emit, progress, where.nodes, settings)
     finally:
         node.Free()
 
 
-def _measure_points(sub, node, threads, case, config, backend, results, provenance, available, emit, progress,
-                    nodes, settings):
-    """The points of `_measure_rank_count` (``node``: this rank's node communicator)."""
+def _measure_points(sub, node, probe, threads, case, config, backend, results, provenance, available, emit,
+                    progress, nodes, settings):
+    """The points of `_measure_rank_count` (``node``: this rank's node communicator, ``probe``: a `MemoryProbe`
+    on it or None)."""
     wrong_total = 0
     for variant in available:
         for size in config.sizes:
@@ -216,7 +220,7 @@ def _measure_points(sub, node, threads, case, config, backend, results, provenan
             if not sub.bcast(progress and progress.begin(), root=0):
                 return wrong_total
             with threadpool_limits(limits=threads):
-                row = measure_point(sub, node, threads, case, config, backend, variant, size)
+                row = measure_point(sub, node, threads, case, config, backend, variant, size, probe)
             if progress:
                 progress.finish()
             wrong_total += row["wrong"] or 0

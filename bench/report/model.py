@@ -16,6 +16,8 @@ import json
 import math
 from datetime import datetime
 
+from bench.load import PROBE_BYTES
+from bench.models import terms
 from bench.stability import MAX_SPREAD, shared_cores_warning, unstable_tables
 from kernels.errors import InputError
 
@@ -94,6 +96,28 @@ def load_calibration(path):
     calib["path"] = path
     calib["unstable"] = [name for name, _ in unstable_tables(calib, calib.get("max_spread", MAX_SPREAD))]
     return calib
+
+
+#: A point whose memory probe (`bench.load.MemoryProbe`) ran more than this factor off the calibration's GEMV of
+#: its bytes was measured in another state of the node's memory than the calibration's: here the probe took
+#: 1.3-1.4 ms in one state and 1.6-1.75 ms in the other, and varied by up to 1.11x within one.
+MEMORY_STATE_TOLERANCE = 1.2
+
+
+def memory_state(calib, on_node, params):
+    """The point's ``memory_probe_s`` (its ``params``' load) over the calibrated GEMV of `PROBE_BYTES` in float64 at
+    the threads and sharing of one of ``on_node`` ranks on a node (`bench.models.terms.gemv`); None where the
+    point or the calibration lacks it."""
+    probe = ((params or {}).get("load") or {}).get("memory_probe_s")
+    if not calib or not probe or "gemv" not in calib:
+        return None
+    return probe / terms.gemv(dict(calib, point_dtype="float64"), PROBE_BYTES, on_node)
+
+
+def off_memory_state(entry):
+    """Whether an entry's ``memory_state`` is more than `MEMORY_STATE_TOLERANCE` off 1 either way."""
+    ratio = entry.get("memory_state")
+    return ratio is not None and not 1 / MEMORY_STATE_TOLERANCE <= ratio <= MEMORY_STATE_TOLERANCE
 
 
 def unstable_note(calib):

@@ -13,7 +13,8 @@ import os
 import statistics
 
 from bench.report.analysis import analyse
-from bench.report.model import for_projection, provenance_note, shared_cores_note, unstable_note
+from bench.report.model import (MEMORY_STATE_TOLERANCE, for_projection, off_memory_state, provenance_note,
+                                shared_cores_note, unstable_note)
 from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
                                   projections, scaling_table, serial_fractions, unstable)
 from bench.report.summary import markdown
@@ -67,24 +68,32 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
 
 def model_error_lines(table):
     """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1| of its
-    stable points (unknown counts as stable), and how many unstable ones were left out; then, where some of its
-    stable points are entries the calibration measured itself (``calibration_entry``: MPI's own call, or the
-    ping-pong, on two ranks at a size of its table), how far those moved, which is how much the node changed
-    between calibrate and the sweep whatever the model."""
-    errors, left_out, drift = {}, {}, {}
+    stable points (unknown counts as stable) measured in the calibration's memory state (`off_memory_state`:
+    the point's memory probe within `MEMORY_STATE_TOLERANCE` of the calibration's, or not probed), and how many
+    unstable and off-state ones were left out; then, where some of those points are entries the calibration
+    measured itself (``calibration_entry``: MPI's own call, or the ping-pong, on two ranks at a size of its
+    table), how far those moved, which is how much the node changed between calibrate and the sweep whatever
+    the model."""
+    errors, left_out, off_state, drift = {}, {}, {}, {}
     for entry in table:
         if entry["model_error"] is not None and entry["ranks"] >= 2:
-            errors.setdefault(entry["suite"], [])
-            left_out[entry["suite"]] = left_out.get(entry["suite"], 0) + unstable(entry)
-            if not unstable(entry):
-                errors[entry["suite"]].append(abs(entry["model_error"]))
+            suite = entry["suite"]
+            errors.setdefault(suite, [])
+            left_out[suite] = left_out.get(suite, 0) + unstable(entry)
+            off_state[suite] = off_state.get(suite, 0) + (not unstable(entry) and off_memory_state(entry))
+            if not unstable(entry) and not off_memory_state(entry):
+                errors[suite].append(abs(entry["model_error"]))
                 if entry.get("calibration_entry"):
-                    drift.setdefault(entry["suite"], []).append(abs(entry["model_error"]))
+                    drift.setdefault(suite, []).append(abs(entry["model_error"]))
     lines = []
     for suite, values in sorted(errors.items()):
         head, unstable_part = f"report: {suite} model error at >= 2 ranks: ", f"{left_out[suite]} unstable left out"
+        if off_state[suite]:
+            unstable_part += (f", {off_state[suite]} in another memory state left out (the node's probe GEMV more "
+                              f"than {MEMORY_STATE_TOLERANCE}x off the calibration's)")
         lines.append(f"{head}{_spread_of(values)}; {unstable_part}" if values
-                     else f"{head}no stable points ({unstable_part})")
+                     else f"{head}no stable points{' in the calibrated memory state' * bool(off_state[suite])} "
+                                           f"({unstable_part})")
         if suite in drift:
             lines.append(f"report: {suite} calibration drift: {_spread_of(drift[suite])} that repeat a calibration "
                          "entry (the same call and size on 2 ranks): the node changed that much between calibrate "

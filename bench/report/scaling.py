@@ -32,7 +32,7 @@ from bench.csvio import read_rows, row_problem
 from bench.models import get_model
 from bench.models import terms
 from bench.models.base import MAX_PROJECTED_RANKS
-from bench.report.model import for_projection
+from bench.report.model import for_projection, memory_state
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
@@ -179,6 +179,7 @@ def scaling_table(rows, calib=None, suites=None):
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
                 calibration_entry=predicted is not None and _measured_by_calibration(suites[key[0]], key, ranks,
                                                                                      calib, params),
+                memory_state=memory_state(calib, _on_node(row), params),
                 algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
                 **compute_rate(row, params, calib), metric=row["metric"],
                 metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),
@@ -196,10 +197,14 @@ def compute_rate(row, params, calib):
     per_rank = _number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     peak = None
     if calib is not None and per_rank is not None:
-        on_node = -(-int(row["ranks"]) // max(int(_number(row.get("nodes")) or 1), 1))  # ranks sharing a node
-        peak = terms.gemm_peak(dict(calib, point_dtype=row["dtype"]), on_node, int(row["threads"])) / 1e9
+        peak = terms.gemm_peak(dict(calib, point_dtype=row["dtype"]), _on_node(row), int(row["threads"])) / 1e9
     return dict(gflops=_number(row.get("gflops")), gflops_per_rank=per_rank, gemm_peak_gflops=peak,
                 peak_fraction=per_rank / peak if peak else None)
+
+
+def _on_node(row):
+    """Ranks sharing a node at a row's point (its ranks over its nodes, rounded up)."""
+    return -(-int(row["ranks"]) // max(int(_number(row.get("nodes")) or 1), 1))
 
 
 def reference_variant(suite, rows, suites, backend="numpy"):

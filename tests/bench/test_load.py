@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from bench.load import BUSY_SHARE, PointLoad, busy, busy_summary, node_cpu_seconds, runnable_tasks
+from bench.load import (BUSY_SHARE, MemoryProbe, PointLoad, busy, busy_summary, memory_probe_enabled, node_cpu_seconds,
+                        runnable_tasks)
 from tests.clitools import mlscale, rows_of
 from tests.mpitools import all_ranks
 
@@ -38,10 +39,12 @@ def test_every_rank_gets_the_same_load_and_more_threads_than_cores_oversubscribe
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        for threads in (1, (os.cpu_count() or 1) + 1):
-            figures = PointLoad(comm, node, threads).finish()
+        probe = MemoryProbe(node)
+        for threads, probed in ((1, probe), ((os.cpu_count() or 1) + 1, None)):
+            figures = PointLoad(comm, node, threads, probed).finish()
             assert all_ranks(comm, comm.allgather(figures) == [figures] * comm.size)
-            assert set(figures) == {"others", "runnable", "cores", "oversubscribed"}
+            assert set(figures) == {"others", "runnable", "cores", "oversubscribed", "memory_probe_s"}
+            assert (figures["memory_probe_s"] > 0) if probed else figures["memory_probe_s"] is None
             assert figures["others"] is None or 0 <= figures["others"] <= 1
             expected = any(size * threads > (os.cpu_count() or 1) for size in comm.allgather(node.size))
             assert figures["oversubscribed"] == expected
@@ -53,9 +56,23 @@ def test_a_sweep_records_the_load_of_each_point_and_counts_the_busy_ones(tmp_pat
     path = str(tmp_path / "load.csv")
     threads = str((os.cpu_count() or 1) + 1)  # more BLAS threads than cores: oversubscribed, whatever else runs
     status, out, err = mlscale("run", "tests.fake_cases:TinyCase", "--sizes", "1,2", "--threads",
-                               threads, "--force", "--csv", path)
+                               threads, "--force", "--csv", path, MLSCALE_MEMORY_PROBE="1")
     assert status == 0, err
     loads = [json.loads(row["params"])["load"] for row in rows_of(path)]
     assert [figures["oversubscribed"] for figures in loads] == [True, True]
-    assert all(figures["cores"] == os.cpu_count() for figures in loads)
+    assert all(figures["cores"] == os.cpu_count() and figures["memory_probe_s"] > 0 for figures in loads)
     assert "# 2 of 2 points ran on a busy node" in out
+
+
+def test_the_memory_probe_is_on_unless_its_variable_says_0_and_another_value_is_refused_in_one_line(tmp_path):
+    assert memory_probe_enabled({}) and memory_probe_enabled({"MLSCALE_MEMORY_PROBE": "1"})
+    assert not memory_probe_enabled({"MLSCALE_MEMORY_PROBE": " 0"})
+    path = str(tmp_path / "off.csv")
+    status, out, err = mlscale("run", "tests.fake_cases:TinyCase", "--sizes", "1", "--csv", path,
+                               MLSCALE_MEMORY_PROBE="0")
+    assert status == 0, err
+    assert [json.loads(row["params"])["load"]["memory_probe_s"] for row in rows_of(path)] == [None]
+    status, out, err = mlscale("run", "tests.fake_cases:TinyCase", "--sizes", "1", "--csv", path,
+                               MLSCALE_MEMORY_PROBE="yes")
+    assert status != 0 and err.strip().splitlines() == [
+        "mlscale: error: MLSCALE_MEMORY_PROBE must be 0 (no memory probe) or 1, got 'yes'"]

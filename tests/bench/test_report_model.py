@@ -4,7 +4,9 @@ import json
 import pytest
 
 from bench.models import get_model
-from bench.report.model import APART_SECONDS, for_projection, load_calibration, load_calibrations, provenance_note
+from bench.load import PROBE_BYTES
+from bench.report.model import (APART_SECONDS, for_projection, load_calibration, load_calibrations, memory_state,
+                                provenance_note)
 from bench.report.output import model_error_lines, write_report
 from kernels.errors import InputError
 from tests.bench.report_rows import BIG, CALIB, calibration, point, write_points
@@ -90,6 +92,34 @@ def test_one_model_error_line_per_suite_from_two_ranks_up_over_its_stable_points
         "report: allreduce model error at >= 2 ranks: median 5%, max 5% over 1 stable point; 0 unstable left out",
         "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 stable points; 2 unstable left out",
         "report: tp model error at >= 2 ranks: no stable points (1 unstable left out)"]
+
+
+def test_points_measured_in_another_memory_state_than_the_calibrations_are_left_out_of_the_model_error():
+    # 1.2x either way is the calibrated state; no probe (older files) counts as in it
+    table = [dict(suite="gemv", ranks=2, model_error=e, stable=True, memory_state=m)
+             for e, m in ((0.1, 1.1), (-0.3, None), (0.2, 1 / 1.15), (0.9, 1.5), (-0.6, 0.7))]
+    table.append(dict(suite="gemv", ranks=2, model_error=4.0, stable=False, memory_state=2.0))  # counted unstable
+    table.append(dict(suite="tp", ranks=2, model_error=0.5, stable=True, memory_state=1.3))
+    assert model_error_lines(table) == [
+        "report: gemv model error at >= 2 ranks: median 20%, max 30% over 3 stable points; 1 unstable left out, "
+        "2 in another memory state left out (the node's probe GEMV more than 1.2x off the calibration's)",
+        "report: tp model error at >= 2 ranks: no stable points in the calibrated memory state (0 unstable left out, "
+        "1 in another memory state left out (the node's probe GEMV more than 1.2x off the calibration's))"]
+
+
+def test_a_points_memory_state_is_its_probe_over_the_calibrated_gemv_of_the_probes_bytes_at_its_sharing():
+    gemv = {"float64": [[PROBE_BYTES, [2e-3, 1e-3]], [2 * PROBE_BYTES, [4e-3, 2e-3]]]}
+    calib = dict(CALIB, gemv=gemv, busy=dict(ranks=2, threads=1, gemv={"float64": [[PROBE_BYTES, 3e-3],
+                                                                                 [2 * PROBE_BYTES, 6e-3]]}))
+
+    def probed(seconds):
+        return {"load": {"memory_probe_s": seconds}, "blas_threads": 1}
+    assert memory_state(calib, 1, probed(1.5e-3)) == pytest.approx(1.5)  # alone: both cores' threads
+    assert memory_state(calib, 2, probed(3.3e-3)) == pytest.approx(1.1)  # two ranks share the node: busy
+    assert memory_state(dict(calib, point_dtype="float32"), 2, probed(3e-3)) == pytest.approx(1.0)  # float64 probe
+    assert memory_state(calib, 2, {"load": {"memory_probe_s": None}}) is None
+    assert memory_state(calib, 2, {}) is None and memory_state(None, 2, probed(1e-3)) is None
+    assert memory_state(CALIB, 2, probed(1e-3)) is None  # a calibration without GEMVs
 
 
 def test_the_points_that_repeat_a_calibration_entry_give_a_drift_line_under_their_suites_error_line():
