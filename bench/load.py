@@ -30,7 +30,8 @@ _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal
 #: Side of the probe's float64 matrix: 32 MiB per rank, beyond the last-level cache of a node whose ranks share it.
 PROBE_SIDE = 2048
 PROBE_BYTES = PROBE_SIDE * PROBE_SIDE * 8
-#: Rounds of the probe and seconds each lasts at least (3 x 2 GEMVs of about 1.4 ms here: 10-15 ms a point).
+#: Rounds of the probe and seconds each lasts at least (3 x 2 timed and 2 untimed GEMVs of 1-1.7 ms here:
+#: 15-25 ms a point).
 PROBE_ROUNDS, PROBE_LEAST_S = 3, 0.003
 #: ``MLSCALE_MEMORY_PROBE=0`` leaves the probe out (``1``, the default: in), as the tests' many small sweeps do.
 PROBE_VARIABLE = "MLSCALE_MEMORY_PROBE"
@@ -81,7 +82,8 @@ class MemoryProbe:
     def __call__(self):
         from bench.local_rates import interleaved_samples  # starts MPI: not for the commands that run no job
 
-        samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S)["gemv"]
+        samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S,
+                                      warm={"gemv"})["gemv"]
         return float(np.median(samples))
 
     def _product(self):

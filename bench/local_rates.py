@@ -26,7 +26,11 @@ sweep do).
 - ``gemv``: seconds of ``A @ x`` for square ``A`` of the sides `GEMV_SIDES` by dtype, keyed by the bytes of
   ``A`` (float64: 32 KiB .. 128 MiB), the same matrix each call as a point of suite ``gemv`` repeats its own:
   reading a matrix held in the cache is not a copy of half its bytes (a 4 MiB block on each of two ranks
-  took 1.6-2x the copy rule's time here, a 128 MiB one on one rank with two threads 0.6-0.8x);
+  took 1.6-2x the copy rule's time here, a 128 MiB one on one rank with two threads 0.6-0.8x); each sample
+  after as many untimed products as it times, as a sweep's point repeats its own: part of a matrix larger
+  than the cache stays there from one call to the next (timed right after the other tables, a 32 MiB GEMV on
+  each of two ranks took 1.05-1.25x as long as in a row of them, median 1.11x over ten tries; after one
+  untimed call 1.08-1.19x; after a sample's worth 0.99-1.07x);
 - ``kernel_rows``: RBF Gram entries per second at the MNIST dimension (784), float64, one row of
   `KERNEL_COLUMNS` entries at a time, as Dis-SMO computes them (one row per working-set index; a
   block of rows runs several times faster per entry: a GEMM, not a GEMV), `KERNEL_ROWS` rows in turn
@@ -114,7 +118,8 @@ def local_rates(threads, comm=None, plan=FULL):
     suites = {"conv": {}, "attention": {}}
     with threadpool_limits(limits=threads), ExitStack() as stack:
         items = _items(stack, plan)
-        samples = interleaved_samples(items, comm, plan.rounds, plan.least)
+        samples = interleaved_samples(items, comm, plan.rounds, plan.least,
+                                      warm={key for key in items if key[0] == "gemv"})
         samples.update(_smo_samples(plan, comm))
         seconds = _medians(samples)
         for (suite, variant, dtype), (case, state) in items.points.items():
@@ -171,9 +176,11 @@ def _medians(samples):
     return {key: float(np.median(values)) for key, values in samples.items()}
 
 
-def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S):
+def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S, warm=()):
     """Seconds per call of each callable of the dict ``items``, one sample per round of ``rounds`` rounds that
-    call each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks)."""
+    call each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks),
+    after as many untimed calls for the keys in ``warm`` (as a sweep's point runs its warm-up right before its
+    timed runs, and repeats one call)."""
     loops = {}
     for key, function in items.items():
         function()  # the first call may build caches: not timed
@@ -187,6 +194,8 @@ def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S):
     samples = {key: [] for key in items}
     for _ in range(rounds):
         for key, function in items.items():
+            for _ in range(loops[key] if key in warm else 0):
+                function()
             if comm is not None:
                 comm.Barrier()
             start = MPI.Wtime()

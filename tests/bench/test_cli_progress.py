@@ -107,7 +107,8 @@ def test_bad_short_options_are_one_line_and_status_2(args, message, tmp_path):
 def test_each_unstable_point_is_named_as_it_is_measured_and_counted_at_the_end(tmp_path):
     path = str(tmp_path / "jitter.csv")
     status, out, err = mlscale("run", "tests.fake_cases:Jittery", "--sizes", "1,2", "--csv", path,
-                               "--max-point-seconds", "0.1")  # at least one more batch of 4 samples each
+                               "--max-point-seconds", "0.5")  # one more batch of 4 samples each at least: a
+    # stall of half a second before the first would be needed to skip it (0.1 s was, once, beside the other tests)
     assert status == 0, err
     assert all(json.loads(row["params"])["samples"] >= 8 for row in rows_of(path))
     assert out.count("# unstable: only size=") == 2 and "spread" in out and "> 0.25" in out

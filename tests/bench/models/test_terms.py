@@ -351,13 +351,17 @@ def test_unmodelled_dp_settings_predict_none(setting, value, monkeypatch):
 
 
 def test_interleaved_measurements_visit_every_item_in_turn():
-    from bench.local_rates import measure_interleaved
+    from bench.local_rates import interleaved_samples, measure_interleaved
 
     calls = []
     seconds = measure_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                                   rounds=3, least=0)
     assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3  # a first call and a timed one each, then the rounds
     assert set(seconds) == {"a", "b"} and all(value >= 0 for value in seconds.values())
+    calls.clear()
+    interleaved_samples({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2, least=0,
+                        warm={"b"})
+    assert calls == ["a", "a", "b", "b"] + ["a", "b", "b"] * 2  # each sample of b after as many untimed calls
 
 
 def test_gemm_beyond_the_calibrated_sizes_runs_at_the_largest_ones_rate():
