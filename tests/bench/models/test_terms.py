@@ -143,6 +143,27 @@ def test_gemv_reads_the_busiest_block_at_the_calibrated_gemv_time_and_an_older_f
         terms.gemv(calib, 4 * rows * cols, ranks)  # the float64 table by bytes where the file has no float32 one
 
 
+@pytest.mark.parametrize("variant, ranks, calls", [
+    ("rows", 3, [("allgather", 1000 * 8, 3)]), ("cols", 3, [("reduce_scatter", 1000 * 8, 3)]),
+    ("2d", 2, [("allgather", 1000 * 8, 2), ("reduce_scatter", 500 * 8, 1)]),  # a 2 x 1 grid
+    ("2d", 6, [("allgather", 500 * 8, 3), ("reduce_scatter", 334 * 8, 2)]),  # a 3 x 2 grid
+    ("rows", 1, [("allgather", 8000, 1)])])
+def test_gemv_prices_mpis_allgatherv_and_reduce_scatter_at_their_calibrated_calls(variant, ranks, calls):
+    calib, model = calibration(cores=2), get_model("gemv")
+    formulas = {"allgather": collective_terms.allgather, "reduce_scatter": collective_terms.reduce_scatter}
+    expected = sum(collective_terms.library(calib, name, nbytes, p, formulas[name]) for name, nbytes, p in calls)
+    cost = model.cost(variant, 1000, ranks)
+    assert model.communication_seconds(calib, cost, variant, 1000, ranks) == pytest.approx(expected)
+    calib["library"] = {"allgather": [[1, 1e-3], [BIG, 1e-3]], "reduce_scatter": [[1, 2e-3], [BIG, 2e-3]]}
+    measured = sum(collective_terms.library(calib, name, nbytes, p, formulas[name]) for name, nbytes, p in calls)
+    assert measured > expected if ranks > 1 else measured == expected  # one rank: the formula, a call alone
+    assert model.communication_seconds(calib, cost, variant, 1000, ranks) == measured
+    half = model.communication_seconds(dict(calib, point_dtype="float32"), cost, variant, 1000, ranks)
+    assert half == pytest.approx(sum(collective_terms.library(calib, name, nbytes / 2, p, formulas[name])
+                                     for name, nbytes, p in calls))  # float32 entries
+    assert model.communication_seconds(calib, model.cost("numpy", 1000, 1), "numpy", 1000, 1) == 0.0
+
+
 def test_gemm_prices_mpis_allgatherv_and_panel_broadcasts_at_their_calibrated_calls():
     calib, model = calibration(cores=2), get_model("gemm")
     calib["library"] = {"allgather": [[1, 1e-3], [BIG, 1e-3]], "bcast": [[1, 2e-3], [BIG, 2e-3]]}
