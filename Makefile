@@ -41,8 +41,8 @@ sweep: $(STAMP)
 # one BLAS thread) runs beside the serial tests, whose workers wait on launches often enough to leave it a
 # core; its output follows theirs. No test times anything, and the tests' sweeps sample an unstable point
 # no more (MLSCALE_MAX_POINT_SECONDS=0: the tests check results, not stability; the tests of the
-# resampling give --max-point-seconds themselves) and take no memory probe (MLSCALE_MEMORY_PROBE=0: 15-25 ms a
-# point; the probe's tests turn it on).
+# resampling give --max-point-seconds themselves) and take no memory probe (MLSCALE_MEMORY_PROBE=0: a GEMV
+# loop a second; the probe's tests turn it on).
 MPI_ROUND = PYTHONDONTWRITEBYTECODE= MLSCALE_MEMORY_PROBE=0 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	$(PY) -m mpi4py -m pytest --with-mpi -m mpi -x -q -p no:cacheprovider -p no:xdist
 

@@ -12,10 +12,19 @@ threads exceed the cores of some node}``. Where ``/proc`` cannot be read (not Li
 figures are None. A point where ``others`` exceeds `BUSY_SHARE`, or that oversubscribes a
 node, counts as measured on a busy node (`busy`; the sweep's closing line counts them).
 
+The node's memory speed (`MemoryProbe`, made once per rank count): right before each point (at most once a
+second, `PROBE_EVERY_S`), every rank of a node times the GEMV of the calibrated ``gemv`` table's 32 MiB entry
+at once, as ``mlscale calibrate`` times its ``busy`` table (`bench.local_rates.interleaved_samples`).
+``load`` gets ``memory_probe_s``: the slowest node's seconds (its first rank's median). On this 2-core VM
+the memory bandwidth left to the job moved between two states for tens of seconds at a time (a 64 MiB GEMV
+per rank on two ranks 2.5-2.8 ms, then 3.4-3.7 ms; an 8 MiB copy 0.45-0.55 ms, then 0.8-0.9 ms) with no
+load visible in ``/proc``; over 90 s the probe's log correlated at 0.9 with both. The report compares it
+with the calibration's entry (`bench.report.model.memory_state`).
+
 Communication per point: one ``Split_type`` (made once per rank count by the caller: the
 node communicator), two reductions of a few numbers on it and one allgather on the point's
-communicator; the probe: one reduction of one number and `PROBE_ROUNDS` barriers on the node
-communicator.
+communicator; the probe: one broadcast of a flag and, when it runs, one reduction of one number and
+`PROBE_ROUNDS` barriers on the node communicator.
 """
 import os
 import time
@@ -33,6 +42,9 @@ PROBE_BYTES = PROBE_SIDE * PROBE_SIDE * 8
 #: Rounds of the probe and seconds each lasts at least (3 x 2 timed and 2 untimed GEMVs of 1-1.7 ms here:
 #: 15-25 ms a point).
 PROBE_ROUNDS, PROBE_LEAST_S = 3, 0.003
+#: Seconds a probe stands for: a point sooner after the last one records that (the states it tells apart lasted
+#: tens of seconds here; probing each of the default sweep's 300 small points took 9 % of its time).
+PROBE_EVERY_S = 1.0
 #: ``MLSCALE_MEMORY_PROBE=0`` leaves the probe out (``1``, the default: in), as the tests' many small sweeps do.
 PROBE_VARIABLE = "MLSCALE_MEMORY_PROBE"
 
@@ -73,13 +85,20 @@ def memory_probe_enabled(environ):
 class MemoryProbe:
     """Collective on ``node`` (the ranks of one node): holds this rank's `PROBE_BYTES` matrix; a call times its
     GEMV on every rank of the node at once (at the BLAS threads in force) and returns this rank's median
-    seconds."""
+    seconds, or the last call's when that was less than `PROBE_EVERY_S` ago by the node's first rank's
+    ``clock`` (which it broadcasts on the node)."""
 
-    def __init__(self, node):
-        self.node = node
+    def __init__(self, node, clock=time.monotonic):
+        self.node, self.clock = node, clock
         self.matrix, self.vector = np.full((PROBE_SIDE, PROBE_SIDE), 0.5), np.full(PROBE_SIDE, 0.5)
+        self.last, self.when = None, None
 
     def __call__(self):
+        if self.node.bcast(self.last is None or self.clock() - self.when >= PROBE_EVERY_S, root=0):
+            self.last, self.when = self._measure(), self.clock()
+        return self.last
+
+    def _measure(self):
         from bench.local_rates import interleaved_samples  # starts MPI: not for the commands that run no job
 
         samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S,

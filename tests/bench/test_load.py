@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from bench.load import (BUSY_SHARE, MemoryProbe, PointLoad, busy, busy_summary, memory_probe_enabled, node_cpu_seconds,
-                        runnable_tasks)
+from bench.load import (BUSY_SHARE, PROBE_EVERY_S, MemoryProbe, PointLoad, busy, busy_summary,
+                        memory_probe_enabled, node_cpu_seconds, runnable_tasks)
 from tests.clitools import mlscale, rows_of
 from tests.mpitools import all_ranks
 
@@ -76,3 +76,25 @@ def test_the_memory_probe_is_on_unless_its_variable_says_0_and_another_value_is_
                                MLSCALE_MEMORY_PROBE="yes")
     assert status != 0 and err.strip().splitlines() == [
         "mlscale: error: MLSCALE_MEMORY_PROBE must be 0 (no memory probe) or 1, got 'yes'"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_memory_probe_measures_again_only_a_second_after_its_last_measurement(comm):
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        now = [0.0]
+        probe = MemoryProbe(node, clock=lambda: now[0] if node.rank == 0 else -1e9)  # the first rank decides
+        measured = iter(range(1, 100))
+        probe._measure = lambda: float(next(measured))
+        seen = [probe()]
+        now[0] = PROBE_EVERY_S * 0.99
+        seen.append(probe())
+        now[0] = PROBE_EVERY_S * 1.01
+        seen += [probe(), probe()]
+        assert seen == [1.0, 1.0, 2.0, 2.0]
+        probe = MemoryProbe(node)
+        assert probe() > 0 and probe() == probe.last  # a real GEMV, then the same figure within the second
+    finally:
+        node.Free()
