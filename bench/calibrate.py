@@ -23,6 +23,9 @@ the mean of back-to-back calls after a barrier:
 - ``library``: seconds of one call of each collective suite's ``mpi`` variant (allgather,
   reduce_scatter, alltoall, bcast, reduce; `bench.library_tables`), 8 B .. 16 MiB: MPI's own
   algorithms, which the models of those variants scale to more ranks;
+- ``handoff_s``: the handoff probe (an exchange of 1 MiB each rank has just written) in the state most of the
+  samples saw; the tables above keep the samples taken in that state (``handoff_other_samples``: how many
+  were not; `bench.message_tables`), and a sweep's points record the same probe (`bench.load.MemoryProbe`);
 - ``overhead_s``: the Python path of one message, a ``Sendrecv`` to ``MPI.PROC_NULL``
   (argument handling, no transfer); ``call_s``: a hand-written allreduce of 8 B on
   ``MPI.COMM_SELF`` (the Python path of one call of `parallel.collectives`: checks, plan, copy).
@@ -118,12 +121,15 @@ def check_output_path(path):
 
 
 def summary_line(constants, path):
-    """The line `calibrate` ends with: the scope, the message, memory and GEMM constants and where they went."""
+    """The line `calibrate` ends with: the scope, the message, memory and GEMM constants, the handoff probe and
+    where they went."""
     return (f"calibrate ({constants['scope']}{', quick' if constants.get('quick') else ''}): overhead "
             f"{constants['overhead_s'] * 1e6:.2f} us + alpha {constants['alpha_s'] * 1e6:.2f} us per message, "
             f"1/beta {1 / constants['beta_s_per_byte'] / 1e9:.2f} GB/s, 1/gamma "
             f"{1 / constants['gamma_s_per_byte'] / 1e9:.2f} GB/s, memcpy {constants['memcpy_bytes_per_s'] / 1e9:.2f}"
-            f" GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s per thread -> {path}")
+            f" GB/s, GEMM {constants['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s per thread, handoff "
+            f"{constants['handoff_s'] * 1e6:.0f} us ({constants['handoff_other_samples']} samples in its other state "
+            f"left out) -> {path}")
 
 
 def write_calibration(path, constants):

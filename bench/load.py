@@ -19,12 +19,18 @@ at once, as ``mlscale calibrate`` times its ``busy`` table (`bench.local_rates.i
 the memory bandwidth left to the job moved between two states for tens of seconds at a time (a 64 MiB GEMV
 per rank on two ranks 2.5-2.8 ms, then 3.4-3.7 ms; an 8 MiB copy 0.45-0.55 ms, then 0.8-0.9 ms) with no
 load visible in ``/proc``; over 90 s the probe's log correlated at 0.9 with both. The report compares it
-with the calibration's entry (`bench.report.model.memory_state`).
+with the calibration's entry (`bench.report.model.memory_state`). On a node with two ranks or more, its first
+two then time the handoff probe (`bench.message_tables.handoff_prober`: an exchange of 1 MiB each has just
+written, which ran at 85-190 us or 400-700 us here by turns of a few to 20 seconds, as did MPI's out-of-place
+collectives, while the GEMV probe moved 1.4x the other way), ``PROBE_ROUNDS`` samples: ``load`` gets
+``handoff_probe_s``, the slowest node's median (None where every node holds one rank), which the report
+compares with the calibration's ``handoff_s`` (`bench.report.model.handoff_state`).
 
 Communication per point: one ``Split_type`` (made once per rank count by the caller: the
 node communicator), two reductions of a few numbers on it and one allgather on the point's
-communicator; the probe: one broadcast of a flag and, when it runs, one reduction of one number and
-`PROBE_ROUNDS` barriers on the node communicator.
+communicator; the probe: one broadcast of a flag and, when it runs, one reduction of one number,
+`PROBE_ROUNDS` barriers and one more on the node communicator, and on its first two ranks `PROBE_ROUNDS` handoff
+samples (4 exchanges of 1 MiB each way, a barrier and a reduction of one number each).
 """
 import os
 import time
@@ -83,27 +89,46 @@ def memory_probe_enabled(environ):
 
 
 class MemoryProbe:
-    """Collective on ``node`` (the ranks of one node): holds this rank's `PROBE_BYTES` matrix; a call times its
-    GEMV on every rank of the node at once (at the BLAS threads in force) and returns this rank's median
-    seconds, or the last call's when that was less than `PROBE_EVERY_S` ago by the node's first rank's
-    ``clock`` (which it broadcasts on the node)."""
+    """Collective on ``node`` (the ranks of one node): holds this rank's `PROBE_BYTES` matrix and, on the node's
+    first two ranks, their pair communicator (`close` frees it); a call times the GEMV on every rank of the node
+    at once (at the BLAS threads in force), then the handoff on the pair, and returns ``(this rank's median GEMV
+    seconds, the pair's median handoff seconds or None off the pair)``, or the last call's figures when that was
+    less than `PROBE_EVERY_S` ago by the node's first rank's ``clock`` (which it broadcasts on the node)."""
 
     def __init__(self, node, clock=time.monotonic):
+        from mpi4py import MPI  # starts MPI: not for the commands that run no job
+
         self.node, self.clock = node, clock
         self.matrix, self.vector = np.full((PROBE_SIDE, PROBE_SIDE), 0.5), np.full(PROBE_SIDE, 0.5)
         self.last, self.when = None, None
+        self.pair = node.Split(0 if node.rank < 2 and node.size > 1 else MPI.UNDEFINED, node.rank)
 
     def __call__(self):
         if self.node.bcast(self.last is None or self.clock() - self.when >= PROBE_EVERY_S, root=0):
             self.last, self.when = self._measure(), self.clock()
         return self.last
 
+    def close(self):
+        """Free the pair communicator (collective on ``node``'s first two ranks)."""
+        from mpi4py import MPI
+
+        if self.pair != MPI.COMM_NULL:
+            self.pair.Free()
+
     def _measure(self):
-        from bench.local_rates import interleaved_samples  # starts MPI: not for the commands that run no job
+        from mpi4py import MPI
+
+        from bench.local_rates import interleaved_samples
+        from bench.message_tables import handoff_prober
 
         samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S,
                                       warm={"gemv"})["gemv"]
-        return float(np.median(samples))
+        handoff = None
+        if self.pair != MPI.COMM_NULL:
+            prober = handoff_prober(self.pair)
+            handoff = float(np.median([prober() for _ in range(PROBE_ROUNDS)]))
+        self.node.Barrier()
+        return float(np.median(samples)), handoff
 
     def _product(self):
         return self.matrix @ self.vector
@@ -116,7 +141,7 @@ class PointLoad:
     def __init__(self, comm, node, threads, probe=None):
         self.comm, self.node, self.threads = comm, node, threads
         self.leader = node.rank == 0
-        self.memory = probe() if probe is not None else None
+        self.memory, self.handoff = probe() if probe is not None else (None, None)
         self.start_wall, self.start_own = time.monotonic(), _own_cpu_seconds()
         self.start_node = node_cpu_seconds() if self.leader else None
         self.runnable = runnable_tasks() if self.leader else None
@@ -132,14 +157,20 @@ class PointLoad:
             if self.start_node is not None and end_node is not None and wall > 0:
                 others = min(1.0, max(0.0, (end_node - self.start_node - own) / (wall * cores)))
         nodes = [entry for entry in self.comm.allgather(
-            (others, self.runnable, cores, self.node.size * self.threads, self.memory) if self.leader else None)
-                 if entry]
+            (others, self.runnable, cores, self.node.size * self.threads, self.memory, self.handoff)
+            if self.leader else None) if entry]
         shares = [share for share, *_ in nodes if share is not None]
-        probes = [seconds for *_, seconds in nodes if seconds is not None]
         busiest = max(nodes, key=lambda entry: entry[1] if entry[1] is not None else -1)
         return {"others": round(max(shares), 3) if shares else None, "runnable": busiest[1], "cores": busiest[2],
-                "oversubscribed": any(used > cores for _, _, cores, used, _ in nodes),
-                "memory_probe_s": round(max(probes), 7) if probes else None}
+                "oversubscribed": any(used > cores for _, _, cores, used, *_ in nodes),
+                "memory_probe_s": _slowest(entry[4] for entry in nodes),
+                "handoff_probe_s": _slowest(entry[5] for entry in nodes)}
+
+
+def _slowest(probes):
+    """The largest of the figures ``probes`` that are not None, rounded to 0.1 us; None when none are."""
+    known = [seconds for seconds in probes if seconds is not None]
+    return round(max(known), 7) if known else None
 
 
 def busy(load):

@@ -5,6 +5,16 @@ machine spreads over many entries), each sample the mean of back-to-back calls a
 ``pingpong``, ``exchange``, ``exchange_fresh``, ``stream`` and ``allreduce`` tables, MPI's other collectives' calls
 (``library``, `bench.library_tables`), the per-message ``overhead_s`` and the hand-written call's
 ``call_s``; what is measured is a `MessagePlan` (`FULL_MESSAGES`, `QUICK_MESSAGES`).
+
+The node's handoff state: right before each sample the pair times the handoff probe (`handoff_prober`: an
+exchange of `HANDOFF_BYTES` each rank has just written, read across cores). On this 2-core VM it ran in one of
+two states that flipped every few to 20 seconds: 85-190 us (median 91) or 400-700 us (median 467), while a
+clean exchange of the same size held 84-100 us; MPI's out-of-place allgather of 2 MiB moved with it, 134-260
+or 390-870 us, as its own copy of the send block is such a handoff. A table whose three rounds fell in both
+states mixed them entry by entry (MPI_Allgather's table 3.3x faster than the sweep run after it at 1-4 MiB).
+Samples whose probe lies in the state most samples saw (`reference_state`) are kept; an entry with fewer than
+`min(rounds, 2)` of them is sampled again, up to `EXTRA_ROUNDS` times; ``handoff_s`` is the kept probes'
+median, ``handoff_other_samples`` how many samples the other state cost.
 """
 import socket
 from contextlib import ExitStack
@@ -24,6 +34,15 @@ STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
 SLOPE_FROM = 1 << 20
 #: Smallest seconds per byte recorded for a slope (beta, gamma): 1 PB/s, a floor no machine reaches.
 MIN_SLOPE = 1e-15
+#: Bytes of the handoff probe's exchange (each way): 1 MiB, in the caches of a core.
+HANDOFF_BYTES = 1 << 20
+#: Back-to-back exchanges a handoff sample times (after one untimed).
+HANDOFF_CALLS = 3
+#: A probe more than this many times the fastest one is in the other state (the two were 5x apart here; the
+#: probes of one state spanned 2.2x at most, transitions aside).
+STATE_GAP = 2.0
+#: Extra passes over the entries that lack samples in the reference state.
+EXTRA_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -47,8 +66,9 @@ QUICK_MESSAGES = MessagePlan(sizes=tuple(PINGPONG_SIZES[:-2:3]) + tuple(PINGPONG
 
 def measure_pair(pair, plan):
     """The message tables (see the module) at the sizes of ``plan`` (a `MessagePlan`), each entry the median
-    over its rounds, which visit every entry in turn; a sample is the mean of back-to-back calls after a
-    barrier, the slower rank's (its first call also makes the pair's connection)."""
+    over its rounds, which visit every entry in turn, of the samples in the reference handoff state (all of
+    them for an entry with none there); a sample is the mean of back-to-back calls after a barrier, the slower
+    rank's (its first call also makes the pair's connection)."""
     def calls(n, fraction=1):
         return max(1, plan.calls[n >= SLOPE_FROM] // fraction)
 
@@ -60,16 +80,15 @@ def measure_pair(pair, plan):
     with ExitStack() as stack:
         entries.update({(f"library.{suite}", n): (function, calls(n)) for (suite, n), function in
                         library_callers(pair, stack, plan.library_sizes).items()})
-        samples = {key: [] for key in entries}
-        for _ in range(plan.rounds):
-            for key, (function, count) in entries.items():
-                samples[key].append(_mean_seconds(pair, function, count))
-    seconds = np.array([np.median(values) for values in samples.values()])
+        samples, probes, in_state = _state_samples(pair, entries, plan.rounds)
+    kept = {key: [value for value, keep in zip(samples[key], in_state[key]) if keep] or samples[key]
+            for key in entries}
+    seconds = np.array([np.median(values) for values in kept.values()])
     pair.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
     tables = {name: [] for name, _ in entries}
     for (table, n), value in zip(entries, seconds.tolist()):
         tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1)])
-    spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in samples.items()
+    spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in kept.items()
                                                                   if name == table) for table in tables}))
     overhead = _proc_null_seconds(pair)
     if pair.rank != 0:
@@ -79,10 +98,57 @@ def measure_pair(pair, plan):
     beta = max(float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0]), MIN_SLOPE)
     alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
     library = {name.split(".", 1)[1]: tables.pop(name) for name in list(tables) if name.startswith("library.")}
+    handoff, reference = np.concatenate(list(probes.values())), np.concatenate(list(in_state.values()))
     return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
-                **tables, library=library, spread=spreads,
+                **tables, library=library, spread=spreads, handoff_s=float(np.median(handoff[reference])),
+                handoff_other_samples=int((~reference).sum()),
                 mpi_library=mpi_library(), host=socket.gethostname(),
                 timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def handoff_prober(pair):
+    """A callable timing the handoff probe on the two ranks of ``pair``: the slower rank's mean seconds of
+    `HANDOFF_CALLS` exchanges of `HANDOFF_BYTES` that each rank has just written (`_forwarder`), after one
+    untimed. Collective over ``pair``: a barrier, the exchanges and a reduction of one number."""
+    forward = _forwarder(pair, HANDOFF_BYTES)
+    return lambda: pair.allreduce(_mean_seconds(pair, forward, HANDOFF_CALLS), op=MPI.MAX)
+
+
+def reference_state(probes):
+    """Which of the handoff ``probes`` (seconds) lie in the state most of them saw, as booleans: those within
+    `STATE_GAP` times the fastest, or, when they are fewer than half, the others."""
+    values = np.asarray(probes, float)
+    fast = values <= STATE_GAP * values.min()
+    return fast if 2 * fast.sum() >= len(values) else ~fast
+
+
+def _state_samples(pair, entries, rounds):
+    """``(samples, probes, in_state)`` by key of ``entries`` (``{key: (function, calls)}``): this rank's
+    samples (`_mean_seconds`) over ``rounds`` rounds that visit each entry in turn, each right after a handoff
+    probe (the pair's, the same on both ranks); then, at most `EXTRA_ROUNDS` times, one more sample of each
+    entry with fewer than ``min(rounds, 2)`` samples in the reference state (`reference_state` of all probes);
+    ``in_state``: whether each sample's probe is in it."""
+    probe = handoff_prober(pair)
+    samples, probes = {key: [] for key in entries}, {key: [] for key in entries}
+
+    def sample(keys):
+        for key in keys:
+            function, count = entries[key]
+            probes[key].append(probe())
+            samples[key].append(_mean_seconds(pair, function, count))
+
+    def states():
+        flags = iter(reference_state([value for values in probes.values() for value in values]).tolist())
+        return {key: [next(flags) for _ in values] for key, values in probes.items()}
+
+    for _ in range(rounds):
+        sample(entries)
+    for _ in range(EXTRA_ROUNDS):
+        short = [key for key, flags in states().items() if sum(flags) < min(rounds, 2)]
+        if not short:
+            break
+        sample(short)
+    return samples, probes, states()
 
 
 def _larger_spreads(per_rank):

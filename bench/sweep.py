@@ -193,11 +193,13 @@ def _measure_rank_count(sub, case, config, backend, results, provenance, variant
     if progress:
         progress.drop(sub.size, set(variants) - set(available))
     node = sub.Split_type(MPI.COMM_TYPE_SHARED)
+    probe = MemoryProbe(node) if config.memory_probe else None
     try:
-        probe = MemoryProbe(node) if config.memory_probe else None
         return _measure_points(sub, node, probe, threads, case, config, backend, results, provenance, available,
                                emit, progress, where.nodes, settings)
     finally:
+        if probe is not None:
+            probe.close()
         node.Free()
 
 

@@ -114,10 +114,28 @@ def memory_state(calib, on_node, params):
     return probe / terms.gemv(dict(calib, point_dtype="float64"), PROBE_BYTES, on_node)
 
 
-def off_memory_state(entry):
-    """Whether an entry's ``memory_state`` is more than `MEMORY_STATE_TOLERANCE` off 1 either way."""
-    ratio = entry.get("memory_state")
-    return ratio is not None and not 1 / MEMORY_STATE_TOLERANCE <= ratio <= MEMORY_STATE_TOLERANCE
+#: A point whose handoff probe (`bench.message_tables.handoff_prober`) ran more than this factor off the
+#: calibration's ``handoff_s`` was measured in its other handoff state: the two states were 5x apart here (medians
+#: 91 and 467 us), one state's probes spanned up to 2.2x.
+HANDOFF_STATE_TOLERANCE = 2.0
+
+
+def handoff_state(calib, params):
+    """The point's ``handoff_probe_s`` (its ``params``' load: on two ranks of one node) over the calibration's
+    ``handoff_s``; None where either lacks it or the calibration's pair was not on one node (``scope``
+    ``inter-node``: its probe crossed the network)."""
+    probe = ((params or {}).get("load") or {}).get("handoff_probe_s")
+    if not calib or not probe or not calib.get("handoff_s") or calib.get("scope") != "intra-node":
+        return None
+    return probe / calib["handoff_s"]
+
+
+def off_node_state(entry):
+    """Whether an entry was measured in another state of the node than its calibration: its ``memory_state``
+    more than `MEMORY_STATE_TOLERANCE` off 1 either way, or its ``handoff_state`` more than
+    `HANDOFF_STATE_TOLERANCE`."""
+    return any(ratio is not None and not 1 / tolerance <= ratio <= tolerance for ratio, tolerance in (
+        (entry.get("memory_state"), MEMORY_STATE_TOLERANCE), (entry.get("handoff_state"), HANDOFF_STATE_TOLERANCE)))
 
 
 def unstable_note(calib):

@@ -13,8 +13,8 @@ import os
 import statistics
 
 from bench.report.analysis import analyse
-from bench.report.model import (MEMORY_STATE_TOLERANCE, for_projection, off_memory_state, provenance_note,
-                                shared_cores_note, unstable_note)
+from bench.report.model import (HANDOFF_STATE_TOLERANCE, MEMORY_STATE_TOLERANCE, for_projection, off_node_state,
+                                provenance_note, shared_cores_note, unstable_note)
 from bench.report.scaling import (FIT_COLUMNS, PROJECTION_COLUMNS, SCALING_COLUMNS, Suites, load_results,
                                   projections, scaling_table, serial_fractions, unstable)
 from bench.report.summary import markdown
@@ -68,8 +68,8 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
 
 def model_error_lines(table):
     """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1| of its
-    stable points (unknown counts as stable) measured in the calibration's memory state (`off_memory_state`:
-    the point's memory probe within `MEMORY_STATE_TOLERANCE` of the calibration's, or not probed), and how many
+    stable points (unknown counts as stable) measured in the calibration's node state (`off_node_state`: the
+    point's memory and handoff probes within their tolerances of the calibration's, or not probed), and how many
     unstable and off-state ones were left out; then, where some of those points are entries the calibration
     measured itself (``calibration_entry``: MPI's own call, or the ping-pong, on two ranks at a size of its
     table), how far those moved, which is how much the node changed between calibrate and the sweep whatever
@@ -80,8 +80,8 @@ def model_error_lines(table):
             suite = entry["suite"]
             errors.setdefault(suite, [])
             left_out[suite] = left_out.get(suite, 0) + unstable(entry)
-            off_state[suite] = off_state.get(suite, 0) + (not unstable(entry) and off_memory_state(entry))
-            if not unstable(entry) and not off_memory_state(entry):
+            off_state[suite] = off_state.get(suite, 0) + (not unstable(entry) and off_node_state(entry))
+            if not unstable(entry) and not off_node_state(entry):
                 errors[suite].append(abs(entry["model_error"]))
                 if entry.get("calibration_entry"):
                     drift.setdefault(suite, []).append(abs(entry["model_error"]))
@@ -89,10 +89,11 @@ def model_error_lines(table):
     for suite, values in sorted(errors.items()):
         head, unstable_part = f"report: {suite} model error at >= 2 ranks: ", f"{left_out[suite]} unstable left out"
         if off_state[suite]:
-            unstable_part += (f", {off_state[suite]} in another memory state left out (the node's probe GEMV more "
-                              f"than {MEMORY_STATE_TOLERANCE}x off the calibration's)")
+            unstable_part += (f", {off_state[suite]} in another node state left out (the node's probe GEMV more than "
+                              f"{MEMORY_STATE_TOLERANCE}x or its handoff more than {HANDOFF_STATE_TOLERANCE}x off the "
+                              "calibration's)")
         lines.append(f"{head}{_spread_of(values)}; {unstable_part}" if values
-                     else f"{head}no stable points{' in the calibrated memory state' * bool(off_state[suite])} "
+                     else f"{head}no stable points{' in the calibrated node state' * bool(off_state[suite])} "
                                            f"({unstable_part})")
         if suite in drift:
             lines.append(f"report: {suite} calibration drift: {_spread_of(drift[suite])} that repeat a calibration "

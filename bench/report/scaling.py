@@ -32,7 +32,7 @@ from bench.csvio import read_rows, row_problem
 from bench.models import get_model
 from bench.models import terms
 from bench.models.base import MAX_PROJECTED_RANKS
-from bench.report.model import for_projection, memory_state
+from bench.report.model import for_projection, handoff_state, memory_state
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
@@ -179,7 +179,7 @@ def scaling_table(rows, calib=None, suites=None):
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
                 calibration_entry=predicted is not None and _measured_by_calibration(suites[key[0]], key, ranks,
                                                                                      calib, params),
-                memory_state=memory_state(calib, _on_node(row), params),
+                memory_state=memory_state(calib, _on_node(row), params), handoff_state=handoff_state(calib, params),
                 algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
                 **compute_rate(row, params, calib), metric=row["metric"],
                 metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),

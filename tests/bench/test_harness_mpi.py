@@ -5,7 +5,7 @@ from mpi4py import MPI
 
 from bench import calibrate as calibration
 from bench.calibrate import calibrate
-from bench.message_tables import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan
+from bench.message_tables import EXTRA_ROUNDS, FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan
 from bench.local_rates import FULL, QUICK, RatesPlan
 from bench.provenance import mpi_library, placement
 from bench.report.model import KEYS
@@ -136,6 +136,8 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert [n for n, _ in constants["allreduce"]] == sizes and sizes[0] == 8 and sizes[-1] == 16 << 20
     assert [n for n, _ in constants["stream"]] == list(QUICK_MESSAGES.stream_sizes)
     assert set(constants["library"]) == {"allgather", "reduce_scatter", "alltoall", "bcast", "reduce"}
+    entries = 4 * len(sizes) + len(QUICK_MESSAGES.stream_sizes) + 5 * 2  # two rounds, then at most EXTRA_ROUNDS
+    assert constants["handoff_s"] > 0 and 0 <= constants["handoff_other_samples"] <= entries * (2 + EXTRA_ROUNDS)
     assert all([n for n, _ in table] == [8, 1 << 10] and min(t for _, t in table) > 0
                for table in constants["library"].values())
     assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"] == list(QUICK.dp_rows)

@@ -40,15 +40,19 @@ def test_every_rank_gets_the_same_load_and_more_threads_than_cores_oversubscribe
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         probe = MemoryProbe(node)
+        paired = comm.allreduce(node.size > 1, op=MPI.LOR)  # some node holds two ranks: its pair probes the handoff
         for threads, probed in ((1, probe), ((os.cpu_count() or 1) + 1, None)):
             figures = PointLoad(comm, node, threads, probed).finish()
             assert all_ranks(comm, comm.allgather(figures) == [figures] * comm.size)
-            assert set(figures) == {"others", "runnable", "cores", "oversubscribed", "memory_probe_s"}
+            assert set(figures) == {"others", "runnable", "cores", "oversubscribed", "memory_probe_s",
+                                    "handoff_probe_s"}
             assert (figures["memory_probe_s"] > 0) if probed else figures["memory_probe_s"] is None
+            assert (figures["handoff_probe_s"] > 0) if probed and paired else figures["handoff_probe_s"] is None
             assert figures["others"] is None or 0 <= figures["others"] <= 1
             expected = any(size * threads > (os.cpu_count() or 1) for size in comm.allgather(node.size))
             assert figures["oversubscribed"] == expected
     finally:
+        probe.close()
         node.Free()
 
 
@@ -87,14 +91,18 @@ def test_the_memory_probe_measures_again_only_a_second_after_its_last_measuremen
         now = [0.0]
         probe = MemoryProbe(node, clock=lambda: now[0] if node.rank == 0 else -1e9)  # the first rank decides
         measured = iter(range(1, 100))
-        probe._measure = lambda: float(next(measured))
+        probe._measure = lambda: (float(next(measured)), None)
         seen = [probe()]
         now[0] = PROBE_EVERY_S * 0.99
         seen.append(probe())
         now[0] = PROBE_EVERY_S * 1.01
         seen += [probe(), probe()]
-        assert seen == [1.0, 1.0, 2.0, 2.0]
+        assert [gemv for gemv, _ in seen] == [1.0, 1.0, 2.0, 2.0]
+        probe.close()
         probe = MemoryProbe(node)
-        assert probe() > 0 and probe() == probe.last  # a real GEMV, then the same figure within the second
+        (gemv, handoff), again = probe(), probe()
+        assert gemv > 0 and again == probe.last == (gemv, handoff)  # a real GEMV, then the same within the second
+        assert (handoff > 0) if node.rank < 2 and node.size > 1 else handoff is None  # the node's first two ranks
+        probe.close()
     finally:
         node.Free()

@@ -5,8 +5,8 @@ import pytest
 
 from bench.models import get_model
 from bench.load import PROBE_BYTES
-from bench.report.model import (APART_SECONDS, for_projection, load_calibration, load_calibrations, memory_state,
-                                provenance_note)
+from bench.report.model import (APART_SECONDS, for_projection, handoff_state, load_calibration, load_calibrations,
+                                memory_state, provenance_note)
 from bench.report.output import model_error_lines, write_report
 from kernels.errors import InputError
 from tests.bench.report_rows import BIG, CALIB, calibration, point, write_points
@@ -94,17 +94,30 @@ def test_one_model_error_line_per_suite_from_two_ranks_up_over_its_stable_points
         "report: tp model error at >= 2 ranks: no stable points (1 unstable left out)"]
 
 
-def test_points_measured_in_another_memory_state_than_the_calibrations_are_left_out_of_the_model_error():
-    # 1.2x either way is the calibrated state; no probe (older files) counts as in it
-    table = [dict(suite="gemv", ranks=2, model_error=e, stable=True, memory_state=m)
-             for e, m in ((0.1, 1.1), (-0.3, None), (0.2, 1 / 1.15), (0.9, 1.5), (-0.6, 0.7))]
+def test_points_measured_in_another_node_state_than_the_calibrations_are_left_out_of_the_model_error():
+    # 1.2x either way is the calibrated memory state, 2x the handoff state; no probe (older files) counts as in it
+    table = [dict(suite="gemv", ranks=2, model_error=e, stable=True, memory_state=m, handoff_state=h)
+             for e, m, h in ((0.1, 1.1, 1.9), (-0.3, None, None), (0.2, 1 / 1.15, 1 / 1.9), (0.9, 1.5, 1.0),
+                             (-0.6, 0.7, None), (0.8, 1.0, 2.1), (0.7, None, 1 / 2.1))]
     table.append(dict(suite="gemv", ranks=2, model_error=4.0, stable=False, memory_state=2.0))  # counted unstable
     table.append(dict(suite="tp", ranks=2, model_error=0.5, stable=True, memory_state=1.3))
+    why = "the node's probe GEMV more than 1.2x or its handoff more than 2.0x off the calibration's"
     assert model_error_lines(table) == [
         "report: gemv model error at >= 2 ranks: median 20%, max 30% over 3 stable points; 1 unstable left out, "
-        "2 in another memory state left out (the node's probe GEMV more than 1.2x off the calibration's)",
-        "report: tp model error at >= 2 ranks: no stable points in the calibrated memory state (0 unstable left out, "
-        "1 in another memory state left out (the node's probe GEMV more than 1.2x off the calibration's))"]
+        f"4 in another node state left out ({why})",
+        "report: tp model error at >= 2 ranks: no stable points in the calibrated node state (0 unstable left out, "
+        f"1 in another node state left out ({why}))"]
+
+
+def test_a_points_handoff_state_is_its_probe_over_the_calibrations_on_one_node_only():
+    calib = dict(CALIB, handoff_s=2e-4, scope="intra-node")
+
+    def probed(seconds):
+        return {"load": {"handoff_probe_s": seconds}}
+    assert handoff_state(calib, probed(5e-4)) == pytest.approx(2.5)
+    assert handoff_state(dict(calib, scope="inter-node"), probed(5e-4)) is None  # its probe crossed the network
+    assert handoff_state(calib, probed(None)) is None and handoff_state(calib, {}) is None
+    assert handoff_state(None, probed(5e-4)) is None and handoff_state(CALIB, probed(5e-4)) is None  # older files
 
 
 def test_a_points_memory_state_is_its_probe_over_the_calibrated_gemv_of_the_probes_bytes_at_its_sharing():
