@@ -14,7 +14,9 @@ or 390-870 us, as its own copy of the send block is such a handoff. A table whos
 states mixed them entry by entry (MPI_Allgather's table 3.3x faster than the sweep run after it at 1-4 MiB).
 Samples whose probe lies in the state most samples saw (`reference_state`) are kept; an entry with fewer than
 `min(rounds, 2)` of them is sampled again, up to `EXTRA_ROUNDS` times; ``handoff_s`` is the kept probes'
-median, ``handoff_other_samples`` how many samples the other state cost.
+median, ``handoff_other_samples`` how many samples the other state cost. Where those cover enough of the entries,
+``other_state`` holds the tables of the other state (`bench.state_tables.other_state_tables`) with their own
+``alpha_s``, ``beta_s_per_byte`` and ``handoff_s``.
 """
 import socket
 from contextlib import ExitStack
@@ -28,6 +30,7 @@ from bench.library_tables import SIZES as LIBRARY_SIZES, library_callers
 from bench.local_rates import ROUNDS, measure_interleaved
 from bench.provenance import mpi_library
 from bench.stability import table_spread
+from bench.state_tables import other_state_tables, reference_state
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
 STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
@@ -38,9 +41,6 @@ MIN_SLOPE = 1e-15
 HANDOFF_BYTES = 1 << 20
 #: Back-to-back exchanges a handoff sample times (after one untimed).
 HANDOFF_CALLS = 3
-#: A probe more than this many times the fastest one is in the other state (the two were 5x apart here; the
-#: probes of one state spanned 2.2x at most, transitions aside).
-STATE_GAP = 2.0
 #: Extra passes over the entries that lack samples in the reference state.
 EXTRA_ROUNDS = 6
 
@@ -83,27 +83,50 @@ def measure_pair(pair, plan):
         samples, probes, in_state = _state_samples(pair, entries, plan.rounds)
     kept = {key: [value for value, keep in zip(samples[key], in_state[key]) if keep] or samples[key]
             for key in entries}
-    seconds = np.array([np.median(values) for values in kept.values()])
-    pair.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-    tables = {name: [] for name, _ in entries}
-    for (table, n), value in zip(entries, seconds.tolist()):
-        tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1)])
+    others = {key: [value for value, keep in zip(samples[key], in_state[key]) if not keep] for key in entries}
+    tables, other_tables = _tables(pair, entries, kept), _tables(pair, entries, others)
     spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in kept.items()
                                                                   if name == table) for table in tables}))
     overhead = _proc_null_seconds(pair)
     if pair.rank != 0:
         return None
+    handoff, reference = np.concatenate(list(probes.values())), np.concatenate(list(in_state.values()))
+    result = dict(**_fit(tables, overhead, plan.sizes[0]), overhead_s=overhead, call_s=_hand_written_call_seconds(),
+                  **_split_library(tables), spread=spreads, handoff_s=float(np.median(handoff[reference])),
+                  handoff_other_samples=int((~reference).sum()), mpi_library=mpi_library(), host=socket.gethostname(),
+                  timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    other = other_state_tables(tables, other_tables)
+    if other is not None:
+        result["other_state"] = dict(**_fit(other, overhead, plan.sizes[0]), **_split_library(other),
+                                     handoff_s=float(np.median(handoff[~reference])))
+    return result
+
+
+def _tables(pair, entries, samples):
+    """``{table: [[n, seconds], ...]}``: each entry's median of ``samples`` (by key), the slower rank's (None
+    for an entry without samples), as the tables hold it (one way for the ping-pong, per message for windows)."""
+    seconds = np.array([np.median(values) if values else -1.0 for values in samples.values()])
+    pair.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+    tables = {name: [] for name, _ in entries}
+    for (table, n), value in zip(entries, seconds.tolist()):
+        tables[table].append([n, value / {"pingpong": 2, "stream": _window()}.get(table, 1) if value >= 0 else None])
+    return tables
+
+
+def _fit(tables, overhead, smallest):
+    """``alpha_s`` and ``beta_s_per_byte`` of the ping-pong table: beta the slope from `SLOPE_FROM` on, alpha the
+    rest of its first entry (``smallest`` bytes) beyond ``overhead``."""
     large = [(n, t) for n, t in tables["pingpong"] if n >= SLOPE_FROM]
     # > 0 whatever the samples (a slope measured flat or falling on an oversubscribed node; its table's spread says so)
     beta = max(float(np.polyfit([n for n, _ in large], [t for _, t in large], 1)[0]), MIN_SLOPE)
-    alpha = max(tables["pingpong"][0][1] - overhead - plan.sizes[0] * beta, 1e-9)  # > 0: below the clock
-    library = {name.split(".", 1)[1]: tables.pop(name) for name in list(tables) if name.startswith("library.")}
-    handoff, reference = np.concatenate(list(probes.values())), np.concatenate(list(in_state.values()))
-    return dict(alpha_s=alpha, beta_s_per_byte=beta, overhead_s=overhead, call_s=_hand_written_call_seconds(),
-                **tables, library=library, spread=spreads, handoff_s=float(np.median(handoff[reference])),
-                handoff_other_samples=int((~reference).sum()),
-                mpi_library=mpi_library(), host=socket.gethostname(),
-                timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    alpha = max(tables["pingpong"][0][1] - overhead - smallest * beta, 1e-9)  # > 0: below the clock
+    return dict(alpha_s=alpha, beta_s_per_byte=beta)
+
+
+def _split_library(tables):
+    """``tables`` with MPI's collective calls (``library.SUITE``) under ``library``."""
+    return {**{name: table for name, table in tables.items() if not name.startswith("library.")},
+            "library": {name.split(".", 1)[1]: table for name, table in tables.items() if name.startswith("library.")}}
 
 
 def handoff_prober(pair):
@@ -112,14 +135,6 @@ def handoff_prober(pair):
     untimed. Collective over ``pair``: a barrier, the exchanges and a reduction of one number."""
     forward = _forwarder(pair, HANDOFF_BYTES)
     return lambda: pair.allreduce(_mean_seconds(pair, forward, HANDOFF_CALLS), op=MPI.MAX)
-
-
-def reference_state(probes):
-    """Which of the handoff ``probes`` (seconds) lie in the state most of them saw, as booleans: those within
-    `STATE_GAP` times the fastest, or, when they are fewer than half, the others."""
-    values = np.asarray(probes, float)
-    fast = values <= STATE_GAP * values.min()
-    return fast if 2 * fast.sum() >= len(values) else ~fast
 
 
 def _state_samples(pair, entries, rounds):

@@ -56,7 +56,8 @@ def load_calibration(path):
     constant of `NUMBERS` (or a rate of `RATES`) that is not a finite number > 0, a table (of `TABLES`, also
     under ``busy``) that is not a non-empty list or object of finite numbers (nested
     lists and objects, none empty), some but not all of `OPTIONAL_NUMBERS` and
-    `OPTIONAL_TABLES` (checked as those), or names an unknown ``scope``. Records in ``unstable`` the names of its
+    `OPTIONAL_TABLES` (checked as those), an ``other_state`` without positive ``handoff_s``, ``alpha_s`` and
+    ``beta_s_per_byte`` or with such a table, or names an unknown ``scope``. Records in ``unstable`` the names of its
     tables whose spread is above the ``max_spread`` it was written with (`bench.stability.unstable_tables`).
     """
     try:
@@ -80,10 +81,15 @@ def load_calibration(path):
             [(key, rate) for key in RATES for rate in (calib[key] if isinstance(calib[key], list) and calib[key] else [calib[key]])]:
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
-    busy = calib.get("busy")
+    busy, other = calib.get("busy"), calib.get("other_state")
+    if other is not None and not (isinstance(other, dict) and all(
+            _finite(other.get(key)) and other[key] > 0 for key in ("handoff_s", "alpha_s", "beta_s_per_byte"))):
+        raise InputError(f"{path}: other_state must hold positive handoff_s, alpha_s and beta_s_per_byte; "
+                         "run mlscale calibrate")
     checked = TABLES + tuple(key for key in OPTIONAL_TABLES + (LIBRARY,) + LATER_TABLES if key in calib)
     for name, table in [(key, calib[key]) for key in checked] + [
-            (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy]:
+            (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy] + [
+            (f"other_state.{key}", other[key]) for key in checked if isinstance(other, dict) and key in other]:
         if not isinstance(table, (list, dict)) or not table:
             raise InputError(f"{path}: {name} must be a non-empty table; run mlscale calibrate")
         wrong = _not_a_number(table)
@@ -128,6 +134,20 @@ def handoff_state(calib, params):
     if not calib or not probe or not calib.get("handoff_s") or calib.get("scope") != "intra-node":
         return None
     return probe / calib["handoff_s"]
+
+
+def calibration_in_state(calib, params):
+    """``(calibration, state)`` to price a point with: ``calib`` and ``"reference"``, or, where the point's
+    handoff probe (its ``params``' load) lies nearer by ratio the ``handoff_s`` of the calibration's
+    ``other_state`` (`bench.state_tables`) than its own, ``calib`` with the other state's message tables and
+    ``"other"``; ``state`` is None where the point or an intra-node calibration lacks the probe."""
+    probe = ((params or {}).get("load") or {}).get("handoff_probe_s")
+    if handoff_state(calib, params) is None:
+        return calib, None
+    other = calib.get("other_state")
+    if other and abs(math.log(probe / other["handoff_s"])) < abs(math.log(probe / calib["handoff_s"])):
+        return {**calib, **other}, "other"
+    return calib, "reference"
 
 
 def off_node_state(entry):

@@ -69,12 +69,13 @@ def write_report(paths, out_dir, calib=None, project=(), plots=True, json_path=N
 def model_error_lines(table):
     """One line per suite with predictions at >= 2 ranks: the median and largest |predicted / measured - 1| of its
     stable points (unknown counts as stable) measured in the calibration's node state (`off_node_state`: the
-    point's memory and handoff probes within their tolerances of the calibration's, or not probed), and how many
+    point's memory and handoff probes within their tolerances of the calibration's, or not probed; how many of
+    them were priced with its other handoff state, ``calibration_state``), and how many
     unstable and off-state ones were left out; then, where some of those points are entries the calibration
     measured itself (``calibration_entry``: MPI's own call, or the ping-pong, on two ranks at a size of its
     table), how far those moved, which is how much the node changed between calibrate and the sweep whatever
     the model."""
-    errors, left_out, off_state, drift = {}, {}, {}, {}
+    errors, left_out, off_state, drift, other = {}, {}, {}, {}, {}
     for entry in table:
         if entry["model_error"] is not None and entry["ranks"] >= 2:
             suite = entry["suite"]
@@ -83,6 +84,7 @@ def model_error_lines(table):
             off_state[suite] = off_state.get(suite, 0) + (not unstable(entry) and off_node_state(entry))
             if not unstable(entry) and not off_node_state(entry):
                 errors[suite].append(abs(entry["model_error"]))
+                other[suite] = other.get(suite, 0) + (entry.get("calibration_state") == "other")
                 if entry.get("calibration_entry"):
                     drift.setdefault(suite, []).append(abs(entry["model_error"]))
     lines = []
@@ -92,7 +94,8 @@ def model_error_lines(table):
             unstable_part += (f", {off_state[suite]} in another node state left out (the node's probe GEMV more than "
                               f"{MEMORY_STATE_TOLERANCE}x or its handoff more than {HANDOFF_STATE_TOLERANCE}x off the "
                               "calibration's)")
-        lines.append(f"{head}{_spread_of(values)}; {unstable_part}" if values
+        priced = f" ({other[suite]} priced with the calibration's other handoff state)" if other.get(suite) else ""
+        lines.append(f"{head}{_spread_of(values)}{priced}; {unstable_part}" if values
                      else f"{head}no stable points{' in the calibrated node state' * bool(off_state[suite])} "
                                            f"({unstable_part})")
         if suite in drift:

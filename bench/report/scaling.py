@@ -32,7 +32,7 @@ from bench.csvio import read_rows, row_problem
 from bench.models import get_model
 from bench.models import terms
 from bench.models.base import MAX_PROJECTED_RANKS
-from bench.report.model import for_projection, handoff_state, memory_state
+from bench.report.model import calibration_in_state, for_projection, handoff_state, memory_state
 from kernels.errors import InputError
 
 GROUP = ("suite", "benchmark", "variant", "backend", "dtype", "scaling", "size", "settings")
@@ -141,7 +141,9 @@ def scaling_table(rows, calib=None, suites=None):
     Each entry also carries the row's ``kind`` (`suite_kind` of its suite), size
     unit, fastest and slowest times, bandwidths, stability (``spread``, ``stable``,
     ``ref_stable``), the suite's own metric, ``accuracy`` (`ACCURACY_PARAM`
-    from ``params``, when recorded) and ``params`` (a dict).
+    from ``params``, when recorded) and ``params`` (a dict); with a calibration, the node state its probes saw
+    (``memory_state``, ``handoff_state``) and the calibration state that priced it (``calibration_state``:
+    `bench.report.model.calibration_in_state`).
     """
     suites = suites or Suites()
     kinds = {name: suite_kind([r for r in rows if r["suite"] == name]) for name in {r["suite"] for r in rows}}
@@ -167,7 +169,8 @@ def scaling_table(rows, calib=None, suites=None):
                 ref = reference.get(_peer_key(key, row["ranks"]))
                 ref = ref if ref is not None and _same_bytes(ref, row) else None
             params = _params(row)
-            predicted = _predict(suites[key[0]], key, ranks, calib, params)
+            priced, state = calibration_in_state(calib, params)
+            predicted = _predict(suites[key[0]], key, ranks, priced, params)
             table.append(dict(
                 zip(GROUP, key), kind=kinds[key[0]], size_unit=row["size_unit"], ranks=ranks,
                 threads=int(row["threads"]), t_med_s=seconds,
@@ -178,8 +181,9 @@ def scaling_table(rows, calib=None, suites=None):
                 vs_ref=float(ref["t_med_s"]) / seconds if ref is not None else None, predicted_s=predicted,
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
                 calibration_entry=predicted is not None and _measured_by_calibration(suites[key[0]], key, ranks,
-                                                                                     calib, params),
-                memory_state=memory_state(calib, _on_node(row), params), handoff_state=handoff_state(calib, params),
+                                                                                     priced, params),
+                memory_state=memory_state(calib, _on_node(row), params), handoff_state=handoff_state(priced, params),
+                calibration_state=state,
                 algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
                 **compute_rate(row, params, calib), metric=row["metric"],
                 metric_value=_number(row["metric_value"]), accuracy=_number(params.get(ACCURACY_PARAM)),

@@ -2,7 +2,8 @@
 import pytest
 
 from bench import message_tables
-from bench.message_tables import EXTRA_ROUNDS, STATE_GAP, reference_state
+from bench.message_tables import EXTRA_ROUNDS
+from bench.state_tables import STATE_GAP, other_state_tables, reference_state
 from tests.mpitools import all_ranks
 
 
@@ -56,3 +57,15 @@ def test_the_handoff_probe_gives_both_ranks_of_a_pair_the_slower_ranks_seconds(c
             assert all_ranks(pair, seconds > 0 and pair.allgather(seconds) == [seconds] * 2)
         finally:
             pair.Free()
+
+
+def test_the_other_states_tables_fill_an_entry_it_missed_from_the_nearest_size_it_measured():
+    reference = {"exchange": [[8, 1.0], [64, 2.0], [512, 4.0], [4096, 8.0]], "allreduce": [[8, 1.0], [64, 3.0]]}
+    other = {"exchange": [[8, 2.0], [64, None], [512, None], [4096, 24.0]], "allreduce": [[8, None], [64, None]]}
+    assert other_state_tables(reference, other) is None  # allreduce has no sample in it: no tables of the state
+    other["allreduce"] = [[8, None], [64, 9.0]]
+    assert other_state_tables(reference, other) == {
+        "exchange": [[8, 2.0], [64, 4.0], [512, 12.0], [4096, 24.0]],  # 64 B nearer 8 B (x2), 512 B nearer 4 KiB (x3)
+        "allreduce": [[8, 3.0], [64, 9.0]]}
+    other["exchange"] = [[8, None], [64, None], [512, None], [4096, 24.0]]  # a quarter of the table is enough
+    assert other_state_tables(reference, other)["exchange"] == [[8, 3.0], [64, 6.0], [512, 12.0], [4096, 24.0]]

@@ -5,7 +5,7 @@ import pytest
 
 from bench.models import get_model
 from bench.load import PROBE_BYTES
-from bench.report.model import (APART_SECONDS, for_projection, handoff_state, load_calibration, load_calibrations,
+from bench.report.model import (APART_SECONDS, calibration_in_state, for_projection, handoff_state, load_calibration, load_calibrations,
                                 memory_state, provenance_note)
 from bench.report.output import model_error_lines, write_report
 from kernels.errors import InputError
@@ -107,6 +107,37 @@ def test_points_measured_in_another_node_state_than_the_calibrations_are_left_ou
         f"4 in another node state left out ({why})",
         "report: tp model error at >= 2 ranks: no stable points in the calibrated node state (0 unstable left out, "
         f"1 in another node state left out ({why}))"]
+
+
+def test_a_point_is_priced_with_the_calibrations_handoff_state_nearer_its_own_probe():
+    other = dict(handoff_s=5e-4, alpha_s=4e-6, beta_s_per_byte=2e-10, exchange=[[8, 9e-6]])
+    calib = dict(CALIB, handoff_s=1e-4, scope="intra-node", other_state=other)
+
+    def probed(seconds):
+        return {"load": {"handoff_probe_s": seconds}}
+    assert calibration_in_state(calib, probed(2e-4)) == (calib, "reference")  # 2x off 1e-4, 2.5x off 5e-4
+    priced, state = calibration_in_state(calib, probed(3e-4))
+    assert state == "other" and priced["exchange"] == [[8, 9e-6]] and priced["alpha_s"] == 4e-6
+    assert handoff_state(priced, probed(3e-4)) == pytest.approx(0.6) and priced["pingpong"] == CALIB["pingpong"]
+    assert calibration_in_state(dict(calib, other_state=None), probed(3e-4))[1] == "reference"
+    assert calibration_in_state(calib, {}) == (calib, None)  # no probe (MLSCALE_MEMORY_PROBE=0, older files)
+    assert calibration_in_state(dict(calib, scope="inter-node"), probed(3e-4))[1] is None
+    table = [dict(suite="p2p", ranks=2, model_error=e, stable=True, calibration_state=s)
+             for e, s in ((0.1, "other"), (0.2, "reference"), (0.3, None))]
+    assert model_error_lines(table) == [
+        "report: p2p model error at >= 2 ranks: median 20%, max 30% over 3 stable points (1 priced with the "
+        "calibration's other handoff state); 0 unstable left out"]
+
+
+def test_a_calibrations_other_state_is_checked_as_its_tables(tmp_path):
+    for other, wrong in (([1], "other_state must hold positive handoff_s, alpha_s and beta_s_per_byte"),
+                         (dict(handoff_s=1e-4, alpha_s=0, beta_s_per_byte=1e-10), "other_state must hold positive"),
+                         (dict(handoff_s=1e-4, alpha_s=1e-6, beta_s_per_byte=1e-10, exchange=[[8, "x"]]),
+                          "other_state.exchange must hold numbers only")):
+        with pytest.raises(InputError, match=wrong):
+            load_calibration(_write(tmp_path, "other.json", dict(CALIB, other_state=other)))
+    good = dict(handoff_s=1e-4, alpha_s=1e-6, beta_s_per_byte=1e-10, exchange=[[8, 1e-6]])
+    assert load_calibration(_write(tmp_path, "good.json", dict(CALIB, other_state=good)))["other_state"] == good
 
 
 def test_a_points_handoff_state_is_its_probe_over_the_calibrations_on_one_node_only():
