@@ -39,7 +39,11 @@ steps, memory tables, kernel rows, Dis-SMO iterations) are measured twice:
   large-size slope of ``reduce``, ``memcpy_bytes_per_s`` the rate of its largest copy;
 - under ``busy``, on every rank of rank 0's node at once, each with ``threads`` =
   cores // ``ranks`` BLAS threads (as a sweep's ranks share the node's cores and memory
-  bandwidth); absent when rank 0's node holds one rank.
+  bandwidth); absent when rank 0's node holds one rank. Its first two ranks time the handoff probe before each
+  sample, as the message tables do: ``busy`` keeps the samples of its reference state (``handoff_s``) and
+  ``busy.other_state`` holds the rates of the other (the node's memory moved with it here: the busy ``copy``
+  table's rounds disagreed by 0.32-0.34 in three calibrations of pass l, and in pass k the conv sweep, wholly in
+  the other state, ran its forward variants 1.2-1.55x faster than the calibration before it priced them).
 
 ``quick`` (``mlscale calibrate --quick``) measures the same tables at fewer sizes, in one
 round of fewer calls (`QUICK_MESSAGES`, `bench.local_rates.QUICK`): a file of the same
@@ -54,7 +58,7 @@ from mpi4py import MPI
 
 from bench.faults import AGREED, agree, agreed_error, failure_of, sleeping_barrier
 from bench.local_rates import FULL, QUICK, STEPS, check_suites, local_rates
-from bench.message_tables import FULL_MESSAGES, MIN_SLOPE, QUICK_MESSAGES, measure_pair
+from bench.message_tables import FULL_MESSAGES, MIN_SLOPE, QUICK_MESSAGES, measure_pair, node_handoff_prober
 from kernels.errors import InputError
 
 
@@ -67,8 +71,9 @@ def calibrate(comm, quick=False):
     every rank: an `AgreedInputError` or a `RankError` (`bench.faults`).
 
     Communication: one ``Split_type``; one agreement (`bench.faults.agree`) on the suites' settings; ping-pongs, exchanges, windows and ``Allreduce`` calls per
-    size between rank 0 and its partner (their buffers, 2 x 32 MiB per table, all held at once); barriers between the samples of the ranks of rank 0's node;
-    the other ranks wait in a sleeping barrier.
+    size between rank 0 and its partner (their buffers, 2 x 32 MiB per table, all held at once); on rank 0's node,
+    a ``Split`` and, before each sample of its ranks (after a barrier), a handoff probe on its first two ranks and a
+    broadcast of its figure; the other ranks wait in a sleeping barrier.
     """
     if comm.size < 2:
         raise InputError("calibrate needs 2 ranks (it measures a ping-pong); use --np 2")
@@ -88,10 +93,15 @@ def calibrate(comm, quick=False):
     busy, failure = None, None
     if home == homes[0] and node.size > 1:  # rank 0's node: every rank at once
         threads = max(1, cores // node.size)
+        node_pair = node.Split(0 if node.rank < 2 else MPI.UNDEFINED, node.rank)
         try:
-            busy = dict(ranks=node.size, threads=threads, **agree(node, local_rates, threads, node, rates))
+            busy = dict(ranks=node.size, threads=threads, **agree(node, local_rates, threads, node, rates,
+                                                                  node_handoff_prober(node, node_pair)))
         except AGREED as error:
             failure = failure_of(error, comm.rank)
+        finally:
+            if node_pair != MPI.COMM_NULL:
+                node_pair.Free()
     node.Free()
     if comm.rank == 0 and failure is None:
         try:  # the other ranks sleep: a failure here reaches them through the broadcast below

@@ -58,6 +58,7 @@ from threadpoolctl import threadpool_limits
 
 from bench.models.svm import KERNEL_COLUMNS
 from bench.stability import table_spread
+from bench.state_tables import other_state_seconds, state_samples
 
 LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
 GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -112,19 +113,39 @@ QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tup
                   rounds=1, least=0.002)
 
 
-def local_rates(threads, comm=None, plan=FULL):
+def local_rates(threads, comm=None, plan=FULL, probe=None):
     """The rates of the module with ``threads`` BLAS threads; ``comm``: measure on all its ranks at once;
-    ``plan``: the sizes and rounds (`RatesPlan`)."""
-    suites = {"conv": {}, "attention": {}}
+    ``plan``: the sizes and rounds (`RatesPlan`); ``probe``: a callable giving every rank of ``comm`` the node's
+    handoff probe (`bench.message_tables.node_handoff_prober`), timed before each sample: the rates keep the
+    samples of the reference state (`bench.state_tables.state_samples`) and record ``handoff_s``, and
+    ``other_state`` holds the rates of the other state where its samples cover enough entries
+    (`bench.state_tables.other_state_seconds`; the Dis-SMO iterations, sampled apart, are the reference's)."""
     with threadpool_limits(limits=threads), ExitStack() as stack:
         items = _items(stack, plan)
-        samples = interleaved_samples(items, comm, plan.rounds, plan.least,
-                                      warm={key for key in items if key[0] == "gemv"})
-        samples.update(_smo_samples(plan, comm))
-        seconds = _medians(samples)
-        for (suite, variant, dtype), (case, state) in items.points.items():
-            rate = case.metrics(state, seconds["suite", suite, variant, dtype]).gflops * 1e9
-            suites[suite].setdefault(dtype, {})[variant] = rate
+        sample = _sampler(items, comm, plan.least, warm={key for key in items if key[0] == "gemv"})
+        if probe is None:
+            kept, states = _rounds(items, sample, plan.rounds), None
+        else:
+            states = state_samples(list(items), probe, sample, plan.rounds)
+            kept = states.kept()
+        smo = _smo_samples(plan, comm)
+        seconds = {**_medians(kept), **_medians(smo)}
+        rates = dict(_rates(items, plan, seconds), spread=_table_spreads({**kept, **smo}))
+        if states is not None:
+            rates["handoff_s"] = states.handoff()
+            other = other_state_seconds(seconds, _medians({key: values for key, values in states.others().items()
+                                                           if values}))
+            if other is not None:
+                rates["other_state"] = dict(_rates(items, plan, other), handoff_s=states.handoff(reference=False))
+    return rates
+
+
+def _rates(items, plan, seconds):
+    """The tables of `local_rates` from the median ``seconds`` of each key (the suites' cases alive)."""
+    suites = {"conv": {}, "attention": {}}
+    for (suite, variant, dtype), (case, state) in items.points.items():
+        metrics = case.metrics(state, seconds["suite", suite, variant, dtype])
+        suites[suite].setdefault(dtype, {})[variant] = metrics.gflops * 1e9
     gemm = {dtype: [2 * n**3 / seconds["gemm", dtype, n] for n in plan.gemm_sizes] for dtype in DTYPES}
     thin = {dtype: [2 * d * plan.thin_side**2 / seconds["gemm_thin", dtype, d] for d in plan.thin_rows]
             for dtype in DTYPES}
@@ -137,8 +158,7 @@ def local_rates(threads, comm=None, plan=FULL):
                               for side in plan.gemv_sides] for dtype in DTYPES},
                 smo_iteration={"float64": [[block, seconds["smo_iteration", block]] for block in plan.smo_blocks]},
                 kernel_rows=KERNEL_ROWS * KERNEL_COLUMNS / float(np.median(
-                    [seconds["kernel", KERNEL_DIM, block] for block in range(KERNEL_BLOCKS)])),
-                spread=_table_spreads(samples))
+                    [seconds["kernel", KERNEL_DIM, block] for block in range(KERNEL_BLOCKS)])))
 
 
 def _table_spreads(samples):
@@ -177,10 +197,24 @@ def _medians(samples):
 
 
 def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S, warm=()):
-    """Seconds per call of each callable of the dict ``items``, one sample per round of ``rounds`` rounds that
-    call each in turn; a sample loops ``least / (one call)`` times (the largest count over ``comm``'s ranks),
-    after as many untimed calls for the keys in ``warm`` (as a sweep's point runs its warm-up right before its
-    timed runs, and repeats one call)."""
+    """Seconds per call of each callable of the dict ``items``, one sample (`_sampler`) per round of ``rounds``
+    rounds that call each in turn."""
+    return _rounds(items, _sampler(items, comm, least, warm), rounds)
+
+
+def _rounds(items, sample, rounds):
+    samples = {key: [] for key in items}
+    for _ in range(rounds):
+        for key in items:
+            samples[key].append(sample(key))
+    return samples
+
+
+def _sampler(items, comm, least, warm):
+    """A callable giving the seconds per call of ``items[key]`` over a sample that loops ``least / (one call)``
+    times (the largest count over ``comm``'s ranks, which start each sample together), after as many untimed
+    calls for the keys in ``warm`` (as a sweep's point runs its warm-up right before its timed runs, and repeats
+    one call). Collective over ``comm``: the loop counts agreed now, a barrier per sample."""
     loops = {}
     for key, function in items.items():
         function()  # the first call may build caches: not timed
@@ -191,18 +225,18 @@ def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S, warm=())
         counts = np.array(list(loops.values()), np.int64)
         comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
         loops = dict(zip(loops, counts.tolist()))
-    samples = {key: [] for key in items}
-    for _ in range(rounds):
-        for key, function in items.items():
-            for _ in range(loops[key] if key in warm else 0):
-                function()
-            if comm is not None:
-                comm.Barrier()
-            start = MPI.Wtime()
-            for _ in range(loops[key]):
-                function()
-            samples[key].append((MPI.Wtime() - start) / loops[key])
-    return samples
+
+    def sample(key):
+        function = items[key]
+        for _ in range(loops[key] if key in warm else 0):
+            function()
+        if comm is not None:
+            comm.Barrier()
+        start = MPI.Wtime()
+        for _ in range(loops[key]):
+            function()
+        return (MPI.Wtime() - start) / loops[key]
+    return sample
 
 
 class _Items(dict):

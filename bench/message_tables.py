@@ -12,11 +12,14 @@ two states that flipped every few to 20 seconds: 85-190 us (median 91) or 400-70
 clean exchange of the same size held 84-100 us; MPI's out-of-place allgather of 2 MiB moved with it, 134-260
 or 390-870 us, as its own copy of the send block is such a handoff. A table whose three rounds fell in both
 states mixed them entry by entry (MPI_Allgather's table 3.3x faster than the sweep run after it at 1-4 MiB).
-Samples whose probe lies in the state most samples saw (`reference_state`) are kept; an entry with fewer than
-`min(rounds, 2)` of them is sampled again, up to `EXTRA_ROUNDS` times; ``handoff_s`` is the kept probes'
-median, ``handoff_other_samples`` how many samples the other state cost. Where those cover enough of the entries,
-``other_state`` holds the tables of the other state (`bench.state_tables.other_state_tables`) with their own
-``alpha_s``, ``beta_s_per_byte`` and ``handoff_s``.
+After the rounds, where the probes saw both states, the pair goes on probing and samples each entry that has
+fewer than `min(rounds, 2)` samples in the state the probe finds, until every entry has them in both (or
+`bench.state_tables.HUNT_ROUNDS` times the entries have been sampled): in pass l here, the rounds alone left
+some table without a sample in the other state in the p2p, allreduce and allgather calibrations, and the sweep
+after each ran wholly in that state. Samples whose probe lies in the state most samples saw
+(`bench.state_tables.reference_state`) make the tables; ``handoff_s`` is their probes' median,
+``handoff_other_samples`` how many were not. ``other_state`` holds the tables of the other state
+(`bench.state_tables.other_state_tables`) with their own ``alpha_s``, ``beta_s_per_byte`` and ``handoff_s``.
 """
 import socket
 from contextlib import ExitStack
@@ -30,7 +33,7 @@ from bench.library_tables import SIZES as LIBRARY_SIZES, library_callers
 from bench.local_rates import ROUNDS, measure_interleaved
 from bench.provenance import mpi_library
 from bench.stability import table_spread
-from bench.state_tables import other_state_tables, reference_state
+from bench.state_tables import other_state_tables, state_samples
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
 STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
@@ -41,8 +44,6 @@ MIN_SLOPE = 1e-15
 HANDOFF_BYTES = 1 << 20
 #: Back-to-back exchanges a handoff sample times (after one untimed).
 HANDOFF_CALLS = 3
-#: Extra passes over the entries that lack samples in the reference state.
-EXTRA_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -80,25 +81,22 @@ def measure_pair(pair, plan):
     with ExitStack() as stack:
         entries.update({(f"library.{suite}", n): (function, calls(n)) for (suite, n), function in
                         library_callers(pair, stack, plan.library_sizes).items()})
-        samples, probes, in_state = _state_samples(pair, entries, plan.rounds)
-    kept = {key: [value for value, keep in zip(samples[key], in_state[key]) if keep] or samples[key]
-            for key in entries}
-    others = {key: [value for value, keep in zip(samples[key], in_state[key]) if not keep] for key in entries}
+        states = _state_samples(pair, entries, plan.rounds)
+    kept, others = states.kept(), states.others()
     tables, other_tables = _tables(pair, entries, kept), _tables(pair, entries, others)
     spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in kept.items()
                                                                   if name == table) for table in tables}))
     overhead = _proc_null_seconds(pair)
     if pair.rank != 0:
         return None
-    handoff, reference = np.concatenate(list(probes.values())), np.concatenate(list(in_state.values()))
     result = dict(**_fit(tables, overhead, plan.sizes[0]), overhead_s=overhead, call_s=_hand_written_call_seconds(),
-                  **_split_library(tables), spread=spreads, handoff_s=float(np.median(handoff[reference])),
-                  handoff_other_samples=int((~reference).sum()), mpi_library=mpi_library(), host=socket.gethostname(),
+                  **_split_library(tables), spread=spreads, handoff_s=states.handoff(),
+                  handoff_other_samples=states.other_count(), mpi_library=mpi_library(), host=socket.gethostname(),
                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     other = other_state_tables(tables, other_tables)
     if other is not None:
         result["other_state"] = dict(**_fit(other, overhead, plan.sizes[0]), **_split_library(other),
-                                     handoff_s=float(np.median(handoff[~reference])))
+                                     handoff_s=states.handoff(reference=False))
     return result
 
 
@@ -138,32 +136,16 @@ def handoff_prober(pair):
 
 
 def _state_samples(pair, entries, rounds):
-    """``(samples, probes, in_state)`` by key of ``entries`` (``{key: (function, calls)}``): this rank's
-    samples (`_mean_seconds`) over ``rounds`` rounds that visit each entry in turn, each right after a handoff
-    probe (the pair's, the same on both ranks); then, at most `EXTRA_ROUNDS` times, one more sample of each
-    entry with fewer than ``min(rounds, 2)`` samples in the reference state (`reference_state` of all probes);
-    ``in_state``: whether each sample's probe is in it."""
-    probe = handoff_prober(pair)
-    samples, probes = {key: [] for key in entries}, {key: [] for key in entries}
+    """`bench.state_tables.state_samples` of ``entries`` (``{key: (function, calls)}``): this rank's samples
+    (`_mean_seconds`), each after the pair's handoff probe (`handoff_prober`)."""
+    return state_samples(list(entries), handoff_prober(pair), lambda key: _mean_seconds(pair, *entries[key]), rounds)
 
-    def sample(keys):
-        for key in keys:
-            function, count = entries[key]
-            probes[key].append(probe())
-            samples[key].append(_mean_seconds(pair, function, count))
 
-    def states():
-        flags = iter(reference_state([value for values in probes.values() for value in values]).tolist())
-        return {key: [next(flags) for _ in values] for key, values in probes.items()}
-
-    for _ in range(rounds):
-        sample(entries)
-    for _ in range(EXTRA_ROUNDS):
-        short = [key for key, flags in states().items() if sum(flags) < min(rounds, 2)]
-        if not short:
-            break
-        sample(short)
-    return samples, probes, states()
+def node_handoff_prober(node, pair):
+    """A callable giving every rank of ``node`` the handoff probe (`handoff_prober`) of ``pair`` (its first two
+    ranks' communicator, ``MPI.COMM_NULL`` on the others). Collective over ``node``: the probe, a broadcast."""
+    prober = handoff_prober(pair) if pair != MPI.COMM_NULL else None
+    return lambda: node.bcast(prober() if prober is not None else None, root=0)
 
 
 def _larger_spreads(per_rank):

@@ -4,17 +4,30 @@ Each sample of the tables follows a handoff probe (`bench.message_tables.handoff
 each rank has just written). On this 2-core VM the probe ran in one of two states that flipped every few to 20
 seconds, 5x apart (medians 91 and 467 us), and every message moved with it: MPI_Reduce_scatter of 8 B on 2 ranks
 was priced 8-77 % slow by tables of the other state. `reference_state` says which samples lie in the state most
-of them saw: the tables at the top of a calibration. `other_state_tables` makes the tables of the other state
+of them saw: the tables at the top of a calibration; `short_of_samples` which entries still lack samples in a
+state, for the calibration to sample while the node is in it. `other_state_tables` makes the tables of the other state
 from the samples taken in it, where they cover enough of the entries: the report prices a point whose own probe
 lies nearer that state with them (`bench.report.model.calibration_in_state`).
 """
 import bisect
+import itertools
+from collections import namedtuple
 
 import numpy as np
 
-#: A probe more than this many times the fastest one is in the other state (the two were 5x apart here; the
-#: probes of one state spanned 2.2x at most, transitions aside).
-STATE_GAP = 2.0
+#: The keys of entries short of samples in the fast and in the slow state (`short_of_samples`).
+ShortOfSamples = namedtuple("ShortOfSamples", "fast slow")
+
+#: A probe more than this many times the fastest one is in the other state (the two were 5x apart here, medians 91
+#: and 467 us; the probes of one state spanned 2.2x at most, transitions aside, but at 2x a calibration in one
+#: state took the tail of its probes, 170-640 us in 1.4 % of them, for another).
+STATE_GAP = 3.0
+#: A state is sought for the entries short of its samples only where at least this share of the probes lay in it
+#: (in the calibrations of pass k the other state had 1-60 % of them; an outlier is not a state).
+MIN_STATE_SHARE = 0.05
+#: Samples after the rounds, in units of the entries, that may go to finding each entry its samples in both
+#: states (about 5 s each in a full calibration's message tables here).
+HUNT_ROUNDS = 4
 #: The other state's tables are kept when at least this share of each table's entries has a sample in it (a
 #: calibration here took 93 of its 600 samples in the other state, spread over the tables).
 MIN_COVERAGE = 0.25
@@ -26,6 +39,94 @@ def reference_state(probes):
     values = np.asarray(probes, float)
     fast = values <= STATE_GAP * values.min()
     return fast if 2 * fast.sum() >= len(values) else ~fast
+
+
+def is_fast(seconds, probes):
+    """Whether a probe of ``seconds`` lies within `STATE_GAP` of the fastest of itself and ``probes`` (the
+    probes so far, by key)."""
+    return seconds <= STATE_GAP * min([seconds, *(value for values in probes.values() for value in values)])
+
+
+def short_of_samples(probes, need):
+    """`ShortOfSamples`: the keys of ``probes`` (``{key: [seconds, ...]}``, the probe before each of an entry's
+    samples) with fewer than ``need`` probes within `STATE_GAP` of the fastest of all, and those with fewer than
+    ``need`` beyond it; each state sought only where `MIN_STATE_SHARE` of all the probes lay in it."""
+    fastest = min(value for values in probes.values() for value in values)
+    fast = {key: sum(value <= STATE_GAP * fastest for value in values) for key, values in probes.items()}
+    total, fast_total = sum(len(values) for values in probes.values()), sum(fast.values())
+    seen = fast_total >= MIN_STATE_SHARE * total, total - fast_total >= MIN_STATE_SHARE * total
+    return ShortOfSamples([key for key, count in fast.items() if seen[0] and count < need],
+                          [key for key, count in fast.items() if seen[1] and len(probes[key]) - count < need])
+
+
+class StateSamples:
+    """The samples of `state_samples` by key, the handoff probe before each, and whether each lies in the
+    reference state (`reference_state` of all the probes)."""
+
+    def __init__(self, samples, probes):
+        self.samples, self.probes = samples, probes
+        flags = iter(reference_state([value for values in probes.values() for value in values]).tolist())
+        self.in_state = {key: [next(flags) for _ in values] for key, values in probes.items()}
+
+    def kept(self):
+        """``{key: [seconds, ...]}``: each entry's samples in the reference state (all of them where none is)."""
+        return {key: self._where(key, True) or values for key, values in self.samples.items()}
+
+    def others(self):
+        """``{key: [seconds, ...]}``: each entry's samples in the other state (maybe none)."""
+        return {key: self._where(key, False) for key in self.samples}
+
+    def handoff(self, reference=True):
+        """The median probe of the reference (or the other) state; None where it has none."""
+        values = [value for key in self.probes for value, flag in zip(self.probes[key], self.in_state[key])
+                  if flag == reference]
+        return float(np.median(values)) if values else None
+
+    def other_count(self):
+        """How many samples lie in the other state."""
+        return sum(flags.count(False) for flags in self.in_state.values())
+
+    def _where(self, key, reference):
+        return [value for value, flag in zip(self.samples[key], self.in_state[key]) if flag == reference]
+
+
+def state_samples(keys, probe, sample, rounds):
+    """`StateSamples` of ``keys``: ``sample(key)`` (seconds) over ``rounds`` rounds that visit each key in turn,
+    each right after ``probe()`` (seconds of the handoff probe, the same on every rank that samples); then, while
+    some key has fewer than ``min(rounds, 2)`` samples in a state the probes saw (`short_of_samples`), a probe
+    and a sample of a key short of the state it found (or, when none is, of the next key in turn), at most
+    `HUNT_ROUNDS` times the keys: a sweep run after a calibration lands in either state."""
+    samples, probes = {key: [] for key in keys}, {key: [] for key in keys}
+
+    def take(key, seconds):
+        probes[key].append(seconds)
+        samples[key].append(sample(key))
+
+    for _ in range(rounds):
+        for key in keys:
+            take(key, probe())
+    in_turn = itertools.cycle(keys)
+    for _ in range(HUNT_ROUNDS * len(keys)):
+        short = short_of_samples(probes, min(rounds, 2))
+        if not short.fast and not short.slow:
+            break
+        seconds = probe()
+        wanted = short.fast if is_fast(seconds, probes) else short.slow
+        take(wanted[0] if wanted else next(in_turn), seconds)
+    return StateSamples(samples, probes)
+
+
+def other_state_seconds(reference, other):
+    """``{key: seconds}`` of the other state from ``other`` (its entries' medians, absent where it has no
+    sample), each missing entry its ``reference`` seconds times the median other / reference ratio of the
+    entries of its table (the key's first part) measured in both (1 in a table with none); None when fewer than
+    `MIN_COVERAGE` of all entries have a sample in it."""
+    if len(other) < MIN_COVERAGE * len(reference):
+        return None
+    ratios = {}
+    for key, seconds in other.items():
+        ratios.setdefault(key[0], []).append(seconds / reference[key])
+    return {key: other.get(key, base * float(np.median(ratios.get(key[0], [1.0])))) for key, base in reference.items()}
 
 
 def other_state_tables(reference, other):

@@ -57,7 +57,7 @@ def load_calibration(path):
     under ``busy``) that is not a non-empty list or object of finite numbers (nested
     lists and objects, none empty), some but not all of `OPTIONAL_NUMBERS` and
     `OPTIONAL_TABLES` (checked as those), an ``other_state`` without positive ``handoff_s``, ``alpha_s`` and
-    ``beta_s_per_byte`` or with such a table, or names an unknown ``scope``. Records in ``unstable`` the names of its
+    ``beta_s_per_byte``, a ``busy.other_state`` without a positive ``handoff_s``, either with such a table, or names an unknown ``scope``. Records in ``unstable`` the names of its
     tables whose spread is above the ``max_spread`` it was written with (`bench.stability.unstable_tables`).
     """
     try:
@@ -82,14 +82,17 @@ def load_calibration(path):
         if not _finite(value) or value <= 0:
             raise InputError(f"{path}: {key} must be a number > 0, got {json.dumps(value)}; run mlscale calibrate")
     busy, other = calib.get("busy"), calib.get("other_state")
-    if other is not None and not (isinstance(other, dict) and all(
-            _finite(other.get(key)) and other[key] > 0 for key in ("handoff_s", "alpha_s", "beta_s_per_byte"))):
-        raise InputError(f"{path}: other_state must hold positive handoff_s, alpha_s and beta_s_per_byte; "
-                         "run mlscale calibrate")
+    busy_other = busy.get("other_state") if isinstance(busy, dict) else None
+    for name, state, needed in (("other_state", other, "handoff_s, alpha_s and beta_s_per_byte"),
+                                ("busy.other_state", busy_other, "handoff_s")):
+        if state is not None and not (isinstance(state, dict) and all(
+                _finite(state.get(key)) and state[key] > 0 for key in needed.replace(" and", ",").split(", "))):
+            raise InputError(f"{path}: {name} must hold positive {needed}; run mlscale calibrate")
     checked = TABLES + tuple(key for key in OPTIONAL_TABLES + (LIBRARY,) + LATER_TABLES if key in calib)
     for name, table in [(key, calib[key]) for key in checked] + [
-            (f"busy.{key}", busy[key]) for key in checked if isinstance(busy, dict) and key in busy] + [
-            (f"other_state.{key}", other[key]) for key in checked if isinstance(other, dict) and key in other]:
+            (f"{prefix}.{key}", state[key]) for prefix, state in (("busy", busy), ("other_state", other),
+                                                                  ("busy.other_state", busy_other))
+            for key in checked if isinstance(state, dict) and key in state]:
         if not isinstance(table, (list, dict)) or not table:
             raise InputError(f"{path}: {name} must be a non-empty table; run mlscale calibrate")
         wrong = _not_a_number(table)
@@ -137,17 +140,29 @@ def handoff_state(calib, params):
 
 
 def calibration_in_state(calib, params):
-    """``(calibration, state)`` to price a point with: ``calib`` and ``"reference"``, or, where the point's
-    handoff probe (its ``params``' load) lies nearer by ratio the ``handoff_s`` of the calibration's
-    ``other_state`` (`bench.state_tables`) than its own, ``calib`` with the other state's message tables and
-    ``"other"``; ``state`` is None where the point or an intra-node calibration lacks the probe."""
+    """``(calibration, state)`` to price a point with, by its handoff probe (its ``params``' load): ``calib``
+    with the message tables of its ``other_state`` (`bench.state_tables`) where the probe lies nearer by ratio
+    that state's ``handoff_s`` than the calibration's (intra-node calibrations only: `handoff_state`), and with
+    the ``busy`` rates of ``busy.other_state`` where it lies nearer that state's ``handoff_s`` than ``busy``'s;
+    ``state`` is ``"other"`` where either was taken, ``"reference"`` where neither, None where the point has no
+    probe or the calibration no probe it could be compared with."""
     probe = ((params or {}).get("load") or {}).get("handoff_probe_s")
-    if handoff_state(calib, params) is None:
+    busy = (calib or {}).get("busy") or {}
+    if not probe or (handoff_state(calib, params) is None and not busy.get("handoff_s")):
         return calib, None
-    other = calib.get("other_state")
-    if other and abs(math.log(probe / other["handoff_s"])) < abs(math.log(probe / calib["handoff_s"])):
-        return {**calib, **other}, "other"
-    return calib, "reference"
+    priced = calib
+    if handoff_state(calib, params) is not None and _nearer_other(probe, calib):
+        priced = {**priced, **calib["other_state"]}
+    if busy.get("handoff_s") and _nearer_other(probe, busy):
+        priced = {**priced, "busy": {**busy, **busy["other_state"]}}
+    return priced, "other" if priced is not calib else "reference"
+
+
+def _nearer_other(probe, measured):
+    """Whether the seconds of a ``probe`` lie nearer by ratio the ``handoff_s`` of ``measured``'s
+    ``other_state`` than its own."""
+    other = measured.get("other_state")
+    return bool(other) and abs(math.log(probe / other["handoff_s"])) < abs(math.log(probe / measured["handoff_s"]))
 
 
 def off_node_state(entry):

@@ -182,7 +182,7 @@ def scaling_table(rows, calib=None, suites=None):
                 model_error=(predicted - seconds) / seconds if predicted is not None else None,
                 calibration_entry=predicted is not None and _measured_by_calibration(suites[key[0]], key, ranks,
                                                                                      priced, params),
-                memory_state=memory_state(calib, _on_node(row), params), handoff_state=handoff_state(priced, params),
+                memory_state=memory_state(priced, _on_node(row), params), handoff_state=handoff_state(priced, params),
                 calibration_state=state,
                 algbw_gbs=_number(row["algbw_gbs"]), busbw_gbs=_number(row["busbw_gbs"]),
                 **compute_rate(row, params, calib), metric=row["metric"],

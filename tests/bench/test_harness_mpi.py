@@ -5,12 +5,13 @@ from mpi4py import MPI
 
 from bench import calibrate as calibration
 from bench.calibrate import calibrate
-from bench.message_tables import EXTRA_ROUNDS, FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan
+from bench.message_tables import FULL_MESSAGES, QUICK_MESSAGES, SLOPE_FROM, MessagePlan
 from bench.local_rates import FULL, QUICK, RatesPlan
 from bench.provenance import mpi_library, placement
 from bench.report.model import KEYS
 from bench.faults import RankError, agree
 from bench.stability import Resampling
+from bench.state_tables import HUNT_ROUNDS
 from bench.timing import measure
 from kernels.errors import InputError
 
@@ -136,8 +137,8 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert [n for n, _ in constants["allreduce"]] == sizes and sizes[0] == 8 and sizes[-1] == 16 << 20
     assert [n for n, _ in constants["stream"]] == list(QUICK_MESSAGES.stream_sizes)
     assert set(constants["library"]) == {"allgather", "reduce_scatter", "alltoall", "bcast", "reduce"}
-    entries = 4 * len(sizes) + len(QUICK_MESSAGES.stream_sizes) + 5 * 2  # two rounds, then at most EXTRA_ROUNDS
-    assert constants["handoff_s"] > 0 and 0 <= constants["handoff_other_samples"] <= entries * (2 + EXTRA_ROUNDS)
+    entries = 4 * len(sizes) + len(QUICK_MESSAGES.stream_sizes) + 5 * 2  # two rounds, then at most HUNT_ROUNDS
+    assert constants["handoff_s"] > 0 and 0 <= constants["handoff_other_samples"] <= entries * (2 + HUNT_ROUNDS)
     assert all([n for n, _ in table] == [8, 1 << 10] and min(t for _, t in table) > 0
                for table in constants["library"].values())
     assert [rows for rows, _ in constants["dp_step"]["float32"]] == constants["dp_rows"] == list(QUICK.dp_rows)
@@ -153,7 +154,7 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert ("busy" in constants) == (ranks_with_zero > 1)
     if ranks_with_zero > 1:
         busy = constants["busy"]
-        assert busy["ranks"] == ranks_with_zero and busy["threads"] >= 1
+        assert busy["ranks"] == ranks_with_zero and busy["threads"] >= 1 and busy["handoff_s"] > 0
         assert set(busy["conv"]["float64"]) == {"forward", "forward_backward"}
         assert [n for n, _ in busy["reduce"]] == list(QUICK.local_sizes)
         assert [n for n, _ in busy["gemv"]["float64"]] == [8 * 8 * 8, 8 * 64 * 64]
@@ -187,7 +188,7 @@ def test_a_failure_of_rank_zero_measuring_alone_is_raised_on_every_rank(comm, mo
         raise ZeroDivisionError("on purpose")
 
     monkeypatch.setattr(module, "measure_pair", lambda pair, plan: {} if pair.rank == 0 else None)
-    monkeypatch.setattr(module, "local_rates", lambda threads, comm=None, plan=None: {})
+    monkeypatch.setattr(module, "local_rates", lambda threads, comm=None, plan=None, probe=None: {})
     monkeypatch.setattr(module, "_alone_rates", fails_alone)
     with pytest.raises(RankError, match="^rank 0: ZeroDivisionError: on purpose$"):
         calibrate(comm)

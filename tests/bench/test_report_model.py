@@ -138,6 +138,28 @@ def test_a_calibrations_other_state_is_checked_as_its_tables(tmp_path):
             load_calibration(_write(tmp_path, "other.json", dict(CALIB, other_state=other)))
     good = dict(handoff_s=1e-4, alpha_s=1e-6, beta_s_per_byte=1e-10, exchange=[[8, 1e-6]])
     assert load_calibration(_write(tmp_path, "good.json", dict(CALIB, other_state=good)))["other_state"] == good
+    busy = dict(ranks=2, threads=1, handoff_s=1e-4, copy=[[8, 1e-6]])
+    for other, wrong in ((dict(copy=[[8, 1e-6]]), "busy.other_state must hold positive handoff_s;"),
+                         (dict(handoff_s=5e-4, copy=[[8, None]]), "busy.other_state.copy must hold numbers only")):
+        with pytest.raises(InputError, match=wrong):
+            load_calibration(_write(tmp_path, "busy.json", dict(CALIB, busy=dict(busy, other_state=other))))
+    busy["other_state"] = dict(handoff_s=5e-4, copy=[[8, 2e-6]])
+    assert load_calibration(_write(tmp_path, "busy.json", dict(CALIB, busy=busy)))["busy"] == busy
+
+
+def test_a_points_busy_rates_are_those_of_the_state_nearer_its_probe_on_any_scope():
+    busy = dict(ranks=2, threads=1, handoff_s=1e-4, copy=[[8, 1e-6]], other_state=dict(handoff_s=5e-4, copy=[[8, 3e-6]]))
+    calib = dict(CALIB, busy=busy, scope="inter-node")
+
+    def probed(seconds):
+        return {"load": {"handoff_probe_s": seconds}}
+    assert calibration_in_state(calib, probed(2e-4)) == (calib, "reference")
+    priced, state = calibration_in_state(calib, probed(3e-4))
+    assert state == "other" and priced["busy"]["copy"] == [[8, 3e-6]] and priced["busy"]["threads"] == 1
+    assert priced["pingpong"] == CALIB["pingpong"] and calib["busy"]["copy"] == [[8, 1e-6]]  # the messages kept
+    assert calibration_in_state(calib, {}) == (calib, None)
+    assert calibration_in_state(dict(calib, busy=dict(busy, handoff_s=None)), probed(3e-4)) == (
+        dict(calib, busy=dict(busy, handoff_s=None)), None)  # an older file: no probe to compare with
 
 
 def test_a_points_handoff_state_is_its_probe_over_the_calibrations_on_one_node_only():
