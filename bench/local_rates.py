@@ -46,7 +46,8 @@ sweep do).
 - ``spread``: each table's `bench.stability.table_spread` over the rounds (None in one round).
 
 How much is measured is a `RatesPlan`: `FULL` (what ``mlscale calibrate`` measures)
-or `QUICK` (``--quick``: fewer sizes, one round, short samples; the same tables, coarser).
+or `QUICK` (``--quick``: fewer sizes, one round, short samples, no search for a handoff state; the same tables,
+coarser).
 """
 import itertools
 from contextlib import ExitStack
@@ -58,7 +59,7 @@ from threadpoolctl import threadpool_limits
 
 from bench.models.svm import KERNEL_COLUMNS
 from bench.stability import table_spread
-from bench.state_tables import other_state_seconds, state_samples
+from bench.state_tables import HUNT_ROUNDS, other_state_seconds, state_samples
 
 LOCAL_SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB, x4
 GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -88,7 +89,8 @@ ROUNDS, LEAST_S = 3, 0.01
 
 @dataclass(frozen=True)
 class RatesPlan:
-    """What `local_rates` measures: the table sizes, ``rounds`` per entry and ``least`` seconds per sample."""
+    """What `local_rates` measures: the table sizes, ``rounds`` per entry, ``least`` seconds per sample and, with a
+    probe, at most ``hunt`` rounds' worth of samples seeking each handoff state (`bench.state_tables.state_samples`)."""
 
     gemm_sizes: tuple = GEMM_SIZES
     thin_rows: tuple = THIN_ROWS
@@ -101,6 +103,7 @@ class RatesPlan:
     smo_blocks: tuple = SMO_BLOCKS
     rounds: int = ROUNDS
     least: float = LEAST_S
+    hunt: int = HUNT_ROUNDS
 
 
 FULL = RatesPlan()
@@ -110,7 +113,7 @@ QUICK = RatesPlan(gemm_sizes=(32, 128, 512), thin_rows=(8, 128), local_sizes=tup
                   gemv_sides=(64, 256, 1024, 2048), dp_rows=(16, 256), moe_tokens=(64, 256),
                   suite_points=tuple((suite, variant, size // 2) for suite, variant, size in SUITE_POINTS),
                   smo_blocks=(500, 1000),
-                  rounds=1, least=0.002)
+                  rounds=1, least=0.002, hunt=0)
 
 
 def local_rates(threads, comm=None, plan=FULL, probe=None):
@@ -126,7 +129,7 @@ def local_rates(threads, comm=None, plan=FULL, probe=None):
         if probe is None:
             kept, states = _rounds(items, sample, plan.rounds), None
         else:
-            states = state_samples(list(items), probe, sample, plan.rounds)
+            states = state_samples(list(items), probe, sample, plan.rounds, plan.hunt)
             kept = states.kept()
         smo = _smo_samples(plan, comm)
         seconds = {**_medians(kept), **_medians(smo)}

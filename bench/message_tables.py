@@ -14,7 +14,7 @@ or 390-870 us, as its own copy of the send block is such a handoff. A table whos
 states mixed them entry by entry (MPI_Allgather's table 3.3x faster than the sweep run after it at 1-4 MiB).
 After the rounds, where the probes saw both states, the pair goes on probing and samples each entry that has
 fewer than `min(rounds, 2)` samples in the state the probe finds, until every entry has them in both (or
-`bench.state_tables.HUNT_ROUNDS` times the entries have been sampled): in pass l here, the rounds alone left
+``hunt`` times the entries have been sampled; `FULL_MESSAGES` 4, `QUICK_MESSAGES` none): in pass l here, the rounds alone left
 some table without a sample in the other state in the p2p, allreduce and allgather calibrations, and the sweep
 after each ran wholly in that state. Samples whose probe lies in the state most samples saw
 (`bench.state_tables.reference_state`) make the tables; ``handoff_s`` is their probes' median,
@@ -33,7 +33,7 @@ from bench.library_tables import SIZES as LIBRARY_SIZES, library_callers
 from bench.local_rates import ROUNDS, measure_interleaved
 from bench.provenance import mpi_library
 from bench.stability import table_spread
-from bench.state_tables import other_state_tables, state_samples
+from bench.state_tables import HUNT_ROUNDS, other_state_tables, state_samples
 
 PINGPONG_SIZES = [8 << k for k in range(22)]  # 8 B .. 16 MiB
 STREAM_SIZES = PINGPONG_SIZES[:20]  # 8 B .. 4 MiB
@@ -49,20 +49,22 @@ HANDOFF_CALLS = 3
 @dataclass(frozen=True)
 class MessagePlan:
     """What the message tables measure: their sizes, ``rounds`` per entry, back-to-back calls per sample
-    (``calls``: below `SLOPE_FROM`, from it on; the window table takes a fifth of them, at least 1)."""
+    (``calls``: below `SLOPE_FROM`, from it on; the window table takes a fifth of them, at least 1) and at most
+    ``hunt`` rounds' worth of samples seeking each handoff state (`bench.state_tables.state_samples`)."""
 
     sizes: tuple = tuple(PINGPONG_SIZES)
     stream_sizes: tuple = tuple(STREAM_SIZES)
     library_sizes: tuple = LIBRARY_SIZES
     rounds: int = ROUNDS
     calls: tuple = (50, 10)
+    hunt: int = HUNT_ROUNDS
 
 
 FULL_MESSAGES = MessagePlan()
 #: Every eighth size from 8 B and the two largest (the slope over 1-16 MiB needs two), one round.
 QUICK_MESSAGES = MessagePlan(sizes=tuple(PINGPONG_SIZES[:-2:3]) + tuple(PINGPONG_SIZES[-2:]),
                              stream_sizes=tuple(STREAM_SIZES[::3]) + (STREAM_SIZES[-1],),
-                             library_sizes=LIBRARY_SIZES[::5], rounds=1, calls=(10, 2))
+                             library_sizes=LIBRARY_SIZES[::5], rounds=1, calls=(10, 2), hunt=0)
 
 
 def measure_pair(pair, plan):
@@ -81,7 +83,7 @@ def measure_pair(pair, plan):
     with ExitStack() as stack:
         entries.update({(f"library.{suite}", n): (function, calls(n)) for (suite, n), function in
                         library_callers(pair, stack, plan.library_sizes).items()})
-        states = _state_samples(pair, entries, plan.rounds)
+        states = _state_samples(pair, entries, plan.rounds, plan.hunt)
     kept, others = states.kept(), states.others()
     tables, other_tables = _tables(pair, entries, kept), _tables(pair, entries, others)
     spreads = _larger_spreads(pair.allgather({table: table_spread(values for (name, _), values in kept.items()
@@ -135,10 +137,11 @@ def handoff_prober(pair):
     return lambda: pair.allreduce(_mean_seconds(pair, forward, HANDOFF_CALLS), op=MPI.MAX)
 
 
-def _state_samples(pair, entries, rounds):
+def _state_samples(pair, entries, rounds, hunt=HUNT_ROUNDS):
     """`bench.state_tables.state_samples` of ``entries`` (``{key: (function, calls)}``): this rank's samples
     (`_mean_seconds`), each after the pair's handoff probe (`handoff_prober`)."""
-    return state_samples(list(entries), handoff_prober(pair), lambda key: _mean_seconds(pair, *entries[key]), rounds)
+    return state_samples(list(entries), handoff_prober(pair), lambda key: _mean_seconds(pair, *entries[key]), rounds,
+                         hunt)
 
 
 def node_handoff_prober(node, pair):

@@ -74,12 +74,11 @@ def spread(samples):
 
 
 def table_spread(samples_by_entry):
-    """The spread of a calibrated table: the median over its entries of each entry's `spread` (its samples
-    over the rounds); None with fewer than two samples per entry (``calibrate --quick``: one round)."""
-    lists = list(samples_by_entry)
-    if not lists or min(len(samples) for samples in lists) < 2:
-        return None
-    return float(np.median([spread(samples) for samples in lists]))
+    """The spread of a calibrated table: the median over its entries of two samples or more of each entry's
+    `spread` (its samples over the rounds: an entry may keep one, the others in the node's other handoff state,
+    `bench.state_tables`); None where no entry has two (``calibrate --quick``: one round)."""
+    lists = [samples for samples in samples_by_entry if len(samples) >= 2]
+    return float(np.median([spread(samples) for samples in lists])) if lists else None
 
 
 def unstable_tables(constants, max_spread):

@@ -15,12 +15,14 @@ from collections import namedtuple
 
 import numpy as np
 
-#: The keys of entries short of samples in the fast and in the slow state (`short_of_samples`).
-ShortOfSamples = namedtuple("ShortOfSamples", "fast slow")
+#: The keys of entries short of samples in the fast and in the slow state (`short_of_samples`), and the seconds
+#: that part the states (`state_threshold`).
+ShortOfSamples = namedtuple("ShortOfSamples", "fast slow threshold")
 
-#: A probe more than this many times the fastest one is in the other state (the two were 5x apart here, medians 91
-#: and 467 us; the probes of one state spanned 2.2x at most, transitions aside, but at 2x a calibration in one
-#: state took the tail of its probes, 170-640 us in 1.4 % of them, for another).
+#: The probes hold two states where, split in two groups (`state_threshold`), their medians lie at least this
+#: factor apart: here 5x (91 and 467 us), while one state's probes spread continuously over 2-3x (84-300 us in a
+#: calibration that saw one state; 280-830 us in another). A split from the fastest probe instead took the tail
+#: of one state for another.
 STATE_GAP = 3.0
 #: A state is sought for the entries short of its samples only where at least this share of the probes lay in it
 #: (in the calibrations of pass k the other state had 1-60 % of them; an outlier is not a state).
@@ -33,30 +35,46 @@ HUNT_ROUNDS = 4
 MIN_COVERAGE = 0.25
 
 
+def state_threshold(probes):
+    """The seconds that part two states among the ``probes`` (seconds): of the splits of the sorted probes in
+    two, the one whose groups vary least about their means in log (one-dimensional 2-means), taken halfway (in
+    log) between its groups where their medians lie `STATE_GAP` apart or more; None where they do not (one
+    state) or there are fewer than two probes."""
+    logs = np.sort(np.log(np.asarray(probes, float)))
+    if len(logs) < 2:
+        return None
+    below = np.arange(1, len(logs))
+    sums, squares = np.cumsum(logs), np.cumsum(logs**2)
+    within = squares[-1] - sums[:-1] ** 2 / below - (sums[-1] - sums[:-1]) ** 2 / (len(logs) - below)
+    split = int(np.argmin(within)) + 1
+    if np.median(logs[split:]) - np.median(logs[:split]) < np.log(STATE_GAP):
+        return None
+    return float(np.exp((logs[split - 1] + logs[split]) / 2))
+
+
 def reference_state(probes):
-    """Which of the handoff ``probes`` (seconds) lie in the state most of them saw, as booleans: those within
-    `STATE_GAP` times the fastest, or, when they are fewer than half, the others."""
+    """Which of the handoff ``probes`` (seconds) lie in the state most of them saw, as booleans: those at or
+    below `state_threshold`, or, when they are fewer than half, the others; all where it finds one state."""
     values = np.asarray(probes, float)
-    fast = values <= STATE_GAP * values.min()
+    threshold = state_threshold(values)
+    fast = values <= threshold if threshold is not None else np.ones(len(values), bool)
     return fast if 2 * fast.sum() >= len(values) else ~fast
-
-
-def is_fast(seconds, probes):
-    """Whether a probe of ``seconds`` lies within `STATE_GAP` of the fastest of itself and ``probes`` (the
-    probes so far, by key)."""
-    return seconds <= STATE_GAP * min([seconds, *(value for values in probes.values() for value in values)])
 
 
 def short_of_samples(probes, need):
     """`ShortOfSamples`: the keys of ``probes`` (``{key: [seconds, ...]}``, the probe before each of an entry's
-    samples) with fewer than ``need`` probes within `STATE_GAP` of the fastest of all, and those with fewer than
-    ``need`` beyond it; each state sought only where `MIN_STATE_SHARE` of all the probes lay in it."""
-    fastest = min(value for values in probes.values() for value in values)
-    fast = {key: sum(value <= STATE_GAP * fastest for value in values) for key, values in probes.items()}
+    samples) with fewer than ``need`` probes at or below `state_threshold` of them all, those with fewer than
+    ``need`` above it, and the threshold; each state sought only where `MIN_STATE_SHARE` of all the probes lay
+    in it, none where they show one state."""
+    threshold = state_threshold([value for values in probes.values() for value in values])
+    if threshold is None:
+        return ShortOfSamples([], [], None)
+    fast = {key: sum(value <= threshold for value in values) for key, values in probes.items()}
     total, fast_total = sum(len(values) for values in probes.values()), sum(fast.values())
     seen = fast_total >= MIN_STATE_SHARE * total, total - fast_total >= MIN_STATE_SHARE * total
     return ShortOfSamples([key for key, count in fast.items() if seen[0] and count < need],
-                          [key for key, count in fast.items() if seen[1] and len(probes[key]) - count < need])
+                          [key for key, count in fast.items() if seen[1] and len(probes[key]) - count < need],
+                          threshold)
 
 
 class StateSamples:
@@ -90,12 +108,12 @@ class StateSamples:
         return [value for value, flag in zip(self.samples[key], self.in_state[key]) if flag == reference]
 
 
-def state_samples(keys, probe, sample, rounds):
+def state_samples(keys, probe, sample, rounds, hunt=HUNT_ROUNDS):
     """`StateSamples` of ``keys``: ``sample(key)`` (seconds) over ``rounds`` rounds that visit each key in turn,
     each right after ``probe()`` (seconds of the handoff probe, the same on every rank that samples); then, while
     some key has fewer than ``min(rounds, 2)`` samples in a state the probes saw (`short_of_samples`), a probe
     and a sample of a key short of the state it found (or, when none is, of the next key in turn), at most
-    `HUNT_ROUNDS` times the keys: a sweep run after a calibration lands in either state."""
+    ``hunt`` times the keys: a sweep run after a calibration lands in either state."""
     samples, probes = {key: [] for key in keys}, {key: [] for key in keys}
 
     def take(key, seconds):
@@ -106,12 +124,12 @@ def state_samples(keys, probe, sample, rounds):
         for key in keys:
             take(key, probe())
     in_turn = itertools.cycle(keys)
-    for _ in range(HUNT_ROUNDS * len(keys)):
+    for _ in range(hunt * len(keys)):
         short = short_of_samples(probes, min(rounds, 2))
         if not short.fast and not short.slow:
             break
         seconds = probe()
-        wanted = short.fast if is_fast(seconds, probes) else short.slow
+        wanted = short.fast if seconds <= short.threshold else short.slow
         take(wanted[0] if wanted else next(in_turn), seconds)
     return StateSamples(samples, probes)
 

@@ -17,7 +17,8 @@ def test_a_tables_spread_is_the_median_of_its_entries_and_none_from_one_round():
     # entries' spreads: 0, (2.5 - 1.5) / 2 = 0.5, (1.5 - 1) / 1 = 0.5
     assert table_spread([[1.0, 1.0, 1.0], [1.0, 2.0, 3.0], [1.0, 1.0, 2.0]]) == pytest.approx(0.5)
     assert table_spread(iter([[4.0, 4.0], [1.0, 3.0]])) == pytest.approx(0.25)  # 0 and 0.5; a generator too
-    assert table_spread([[1.0], [1.0, 2.0]]) is None and table_spread([]) is None
+    assert table_spread([[1.0], [1.0, 2.0]]) == pytest.approx(1 / 3)  # the entry of one sample left out
+    assert table_spread([[1.0], [2.0]]) is None and table_spread([]) is None
 
 
 def test_unstable_tables_are_named_by_their_place_in_the_file():

@@ -6,8 +6,8 @@ import pytest
 
 from bench import message_tables, state_tables
 from bench.local_rates import RatesPlan, local_rates
-from bench.state_tables import (HUNT_ROUNDS, STATE_GAP, ShortOfSamples, StateSamples, is_fast, other_state_seconds,
-                                 other_state_tables, reference_state, short_of_samples)
+from bench.state_tables import (HUNT_ROUNDS, ShortOfSamples, StateSamples, other_state_seconds, other_state_tables,
+                                 reference_state, short_of_samples, state_threshold)
 from tests.mpitools import all_ranks
 
 #: A few entries of each local table, two rounds of short samples.
@@ -16,11 +16,19 @@ TINY = RatesPlan(gemm_sizes=(32,), thin_rows=(2,), thin_side=64, local_sizes=(8,
                  rounds=2, least=0.0005)
 
 
-def test_the_reference_state_is_the_one_most_probes_saw_split_at_the_gap_from_the_fastest():
+def test_two_states_are_two_groups_of_probes_whose_medians_lie_three_times_apart_or_more():
+    assert state_threshold([1.0, 1.2, 5.0, 6.0]) == pytest.approx((1.2 * 5.0) ** 0.5)  # halfway in log
+    assert state_threshold([91e-6, 95e-6, 140e-6, 467e-6, 500e-6, 700e-6]) == pytest.approx((140e-6 * 467e-6) ** 0.5)
+    assert state_threshold([84e-6, 90e-6, 100e-6, 120e-6, 150e-6, 200e-6, 300e-6]) is None  # one state's spread
+    assert state_threshold([462e-6, 645e-6] * 5) is None and state_threshold([2.0, 2.0]) is None
+    assert state_threshold([3e-4]) is None and state_threshold([1.0, 3.0]) == pytest.approx(3 ** 0.5)
+
+
+def test_the_reference_state_is_the_one_most_probes_saw():
     assert reference_state([1.0, 1.1, 1.9, 5.0]).tolist() == [True, True, True, False]
     assert reference_state([1.0, 5.0, 4.0, 6.0]).tolist() == [False, True, True, True]  # most were slow
-    assert reference_state([1.0, STATE_GAP, 5.0, 6.0]).tolist() == [True, True, False, False]  # a tie: the fast
-    assert reference_state([3e-4]).tolist() == [True] and reference_state([2.0, 2.0]).tolist() == [True, True]
+    assert reference_state([1.0, 1.2, 5.0, 6.0]).tolist() == [True, True, False, False]  # a tie: the fast
+    assert reference_state([3e-4]).tolist() == [True] and reference_state([1.0, 2.0]).tolist() == [True, True]
 
 
 def _scripted(monkeypatch, values):
@@ -31,11 +39,10 @@ def _scripted(monkeypatch, values):
 
 def test_entries_short_of_samples_in_a_state_the_probes_saw():
     probes = {"a": [1, 1, 5], "b": [1, 5, 5], "c": [1.5, 1.9]}
-    assert short_of_samples(probes, 2) == ShortOfSamples(fast=["b"], slow=["a", "c"])
-    assert short_of_samples({"a": [1, 1.2], "b": [1.9, 1]}, 2) == ([], [])  # one state seen: nothing sought
-    assert short_of_samples({"a": [1], "b": [4]}, 1) == (["b"], ["a"])
-    assert short_of_samples({"a": [1] * 20 + [9], "b": [1] * 20}, 2) == ([], [])  # 1 probe in 41: an outlier
-    assert is_fast(4.0, {"a": [1, 5]}) is False and is_fast(0.4, {"a": [1, 5]}) and is_fast(1.0, {})
+    assert short_of_samples(probes, 2) == ShortOfSamples(["b"], ["a", "c"], pytest.approx((1.9 * 5) ** 0.5))
+    assert short_of_samples({"a": [1, 1.2], "b": [1.9, 1]}, 2) == ([], [], None)  # one state seen: nothing sought
+    assert short_of_samples({"a": [1], "b": [4]}, 1)[:2] == (["b"], ["a"])
+    assert short_of_samples({"a": [1] * 20 + [9], "b": [1] * 20}, 2)[:2] == ([], [])  # 1 probe in 41: an outlier
 
 
 @pytest.mark.mpi(min_size=1)
