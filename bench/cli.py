@@ -68,6 +68,8 @@ def build_parser():
                                 f"interquartile range over their median exceeds X (default {MAX_SPREAD})")
     calibrate.add_argument("--force", action="store_true",
                            help="write the file even when a table is unstable (each is named; reports warn)")
+    calibrate.add_argument("--fresh", action="store_true",
+                           help="carry no handoff state from the calibration at --out (see bench/carried_state.py)")
     calibrate.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto")
     calibrate.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     slurm = commands.add_parser("slurm", help="render (and --submit) sbatch scripts for a sweep over node counts")
@@ -223,6 +225,7 @@ def command_calibrate(args, argv, out):
         forwarded = strip_options(argv, {"--launcher": True}) + ["--in-job"]
         return run_under_mpi(2, args.launcher, forwarded)
     from bench.calibrate import calibrate, summary_line, write_calibration
+    from bench.carried_state import with_earlier_state
 
     comm = _mpi_world()
     try:
@@ -234,6 +237,10 @@ def command_calibrate(args, argv, out):
     if comm.rank == 0:
         for line in judge_calibration(constants, args.max_spread, args.force, args.out):
             out(line)
+        if not args.fresh:
+            constants, note = with_earlier_state(constants, args.out)
+            if note:
+                out(note)
         write_calibration(args.out, dict(constants, max_spread=args.max_spread))
         out(summary_line(constants, args.out))
     return EXIT_OK
