@@ -2,7 +2,7 @@
 
 A calibration holds the tables of the node's other handoff state (`bench.state_tables`) only where its samples
 saw that state. On this 2-core VM the states lasted up to minutes: in pass n, 16 of 19 calibrations of about
-30 s saw one state only, and the sweeps after 9 of them ran wholly or mostly in the other, priced 20-40 % off
+30 s saw one state only, and the sweeps after 8 of them ran wholly or mostly in the other, priced 20-40 % off
 (allreduce 31 %, reduce 40 %, gemv 30 %). When the file at ``--out`` was written on the same host, with the
 same MPI library, scope, cores and plan, at most `CARRY_SECONDS` before, and measured the state the new one
 lacks (its handoff probe `bench.state_tables.STATE_GAP` or more apart), the new file takes that state's
