@@ -14,7 +14,7 @@ node, counts as measured on a busy node (`busy`; the sweep's closing line counts
 
 The node's memory speed (`MemoryProbe`, made once per rank count): right before each point (at most once a
 second, `PROBE_EVERY_S`), every rank of a node times the GEMV of the calibrated ``gemv`` table's 32 MiB entry
-at once, as ``mlscale calibrate`` times its ``busy`` table (`bench.local_rates.interleaved_samples`).
+at once, as ``mlscale calibrate`` times its ``busy`` table (`bench.interleaved.interleaved_samples`).
 ``load`` gets ``memory_probe_s``: the slowest node's seconds (its first rank's median). On this 2-core VM
 the memory bandwidth left to the job moved between two states for tens of seconds at a time (a 64 MiB GEMV
 per rank on two ranks 2.5-2.8 ms, then 3.4-3.7 ms; an 8 MiB copy 0.45-0.55 ms, then 0.8-0.9 ms) with no
@@ -118,7 +118,7 @@ class MemoryProbe:
     def _measure(self):
         from mpi4py import MPI
 
-        from bench.local_rates import interleaved_samples
+        from bench.interleaved import interleaved_samples
         from bench.message_tables import handoff_prober
 
         samples = interleaved_samples({"gemv": self._product}, self.node, PROBE_ROUNDS, PROBE_LEAST_S,

@@ -57,6 +57,7 @@ import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
+from bench.interleaved import LEAST_S, ROUNDS, medians, rounds_of, sampler
 from bench.models.svm import KERNEL_COLUMNS
 from bench.stability import table_spread
 from bench.state_tables import HUNT_ROUNDS, other_state_seconds, state_samples
@@ -84,7 +85,6 @@ KERNEL_DIM, KERNEL_ROWS = 784, 16
 SMO_BLOCKS = (500, 1000, 2000, 4000)
 #: Entries of the ``kernel_rows`` table: blocks of `KERNEL_ROWS` distinct rows over the same samples.
 KERNEL_BLOCKS = 3
-ROUNDS, LEAST_S = 3, 0.01
 
 
 @dataclass(frozen=True)
@@ -125,18 +125,18 @@ def local_rates(threads, comm=None, plan=FULL, probe=None):
     (`bench.state_tables.other_state_seconds`; the Dis-SMO iterations, sampled apart, are the reference's)."""
     with threadpool_limits(limits=threads), ExitStack() as stack:
         items = _items(stack, plan)
-        sample = _sampler(items, comm, plan.least, warm={key for key in items if key[0] == "gemv"})
+        sample = sampler(items, comm, plan.least, warm={key for key in items if key[0] == "gemv"})
         if probe is None:
-            kept, states = _rounds(items, sample, plan.rounds), None
+            kept, states = rounds_of(items, sample, plan.rounds), None
         else:
             states = state_samples(list(items), probe, sample, plan.rounds, plan.hunt)
             kept = states.kept()
         smo = _smo_samples(plan, comm)
-        seconds = {**_medians(kept), **_medians(smo)}
+        seconds = {**medians(kept), **medians(smo)}
         rates = dict(_rates(items, plan, seconds), spread=_table_spreads({**kept, **smo}))
         if states is not None:
             rates["handoff_s"] = states.handoff()
-            other = other_state_seconds(seconds, _medians({key: values for key, values in states.others().items()
+            other = other_state_seconds(seconds, medians({key: values for key, values in states.others().items()
                                                            if values}))
             if other is not None:
                 rates["other_state"] = dict(_rates(items, plan, other), handoff_s=states.handoff(reference=False))
@@ -188,58 +188,6 @@ def _smo_samples(plan, comm=None):
                 comm.Barrier()
             samples["smo_iteration", block].append(float(np.mean([probe() for _ in range(RESTART)])))
     return samples
-
-
-def measure_interleaved(items, comm=None, rounds=ROUNDS, least=LEAST_S):
-    """Median seconds per call of each callable of the dict ``items`` over `interleaved_samples`."""
-    return _medians(interleaved_samples(items, comm, rounds, least))
-
-
-def _medians(samples):
-    return {key: float(np.median(values)) for key, values in samples.items()}
-
-
-def interleaved_samples(items, comm=None, rounds=ROUNDS, least=LEAST_S, warm=()):
-    """Seconds per call of each callable of the dict ``items``, one sample (`_sampler`) per round of ``rounds``
-    rounds that call each in turn."""
-    return _rounds(items, _sampler(items, comm, least, warm), rounds)
-
-
-def _rounds(items, sample, rounds):
-    samples = {key: [] for key in items}
-    for _ in range(rounds):
-        for key in items:
-            samples[key].append(sample(key))
-    return samples
-
-
-def _sampler(items, comm, least, warm):
-    """A callable giving the seconds per call of ``items[key]`` over a sample that loops ``least / (one call)``
-    times (the largest count over ``comm``'s ranks, which start each sample together), after as many untimed
-    calls for the keys in ``warm`` (as a sweep's point runs its warm-up right before its timed runs, and repeats
-    one call). Collective over ``comm``: the loop counts agreed now, a barrier per sample."""
-    loops = {}
-    for key, function in items.items():
-        function()  # the first call may build caches: not timed
-        start = MPI.Wtime()
-        function()
-        loops[key] = max(1, int(least / max(MPI.Wtime() - start, 1e-7)))
-    if comm is not None:
-        counts = np.array(list(loops.values()), np.int64)
-        comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
-        loops = dict(zip(loops, counts.tolist()))
-
-    def sample(key):
-        function = items[key]
-        for _ in range(loops[key] if key in warm else 0):
-            function()
-        if comm is not None:
-            comm.Barrier()
-        start = MPI.Wtime()
-        for _ in range(loops[key]):
-            function()
-        return (MPI.Wtime() - start) / loops[key]
-    return sample
 
 
 class _Items(dict):

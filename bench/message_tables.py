@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from bench.library_tables import SIZES as LIBRARY_SIZES, library_callers
-from bench.local_rates import ROUNDS, measure_interleaved
+from bench.interleaved import ROUNDS, measure_interleaved
 from bench.provenance import mpi_library
 from bench.stability import table_spread
 from bench.state_tables import HUNT_ROUNDS, other_state_tables, state_samples

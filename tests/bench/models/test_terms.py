@@ -372,7 +372,7 @@ def test_unmodelled_dp_settings_predict_none(setting, value, monkeypatch):
 
 
 def test_interleaved_measurements_visit_every_item_in_turn():
-    from bench.local_rates import interleaved_samples, measure_interleaved
+    from bench.interleaved import interleaved_samples, measure_interleaved
 
     calls = []
     seconds = measure_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
