@@ -9,10 +9,10 @@ lacks (its handoff probe `bench.state_tables.STATE_GAP` or more apart), the new 
 message tables as its ``other_state`` and that state's busy rates as ``busy.other_state``, each marked
 ``carried_from`` with the time they were measured. ``calibrate --fresh`` carries nothing.
 """
-import json
 from datetime import datetime
 
 from bench.state_tables import STATE_GAP
+from kernels.errors import InputError
 
 #: How old carried tables may be (they describe the node as it was then).
 CARRY_SECONDS = 3600
@@ -56,12 +56,15 @@ def _described(state):
 
 
 def _earlier(path):
+    """The calibration at ``path`` as `bench.report.model.load_calibration` accepts it (its tables checked), or
+    None: none there, unreadable, refused or without a timestamp."""
+    from bench.report.model import load_calibration
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            earlier = json.load(handle)
-    except (OSError, ValueError):
+        earlier = load_calibration(path)
+    except InputError:
         return None
-    return earlier if isinstance(earlier, dict) and isinstance(earlier.get("timestamp"), str) else None
+    return earlier if isinstance(earlier.get("timestamp"), str) else None
 
 
 def _state_from(current, earlier, keys, now, written):

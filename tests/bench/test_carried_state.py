@@ -63,6 +63,8 @@ def test_nothing_is_carried_across_nodes_states_or_an_hour(tmp_path):
         assert with_earlier_state(new, _written(tmp_path, earlier)) == (new, None)
     assert with_earlier_state(new, str(tmp_path / "none.json")) == (new, None)
     assert with_earlier_state(new, _written(tmp_path, [1, 2])) == (new, None)
+    malformed = _calibration(5e-4, 3e-6, TEN_MINUTES_AGO, other_state=[1])  # refused as report --model would
+    assert with_earlier_state(new, _written(tmp_path, malformed)) == (new, None)
     measured = dict(new, other_state={"handoff_s": 6e-4}, busy=dict(new["busy"], threads=2))  # its own, kept
     assert with_earlier_state(measured, _written(tmp_path, _calibration(5e-4, 3e-6, TEN_MINUTES_AGO))) == (
         measured, None)
