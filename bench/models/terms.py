@@ -75,6 +75,14 @@ def exchange_fresh(calib, nbytes):
     return interpolate(table, max(nbytes, 1)) if table else exchange(calib, nbytes)
 
 
+def message_fresh(calib, nbytes):
+    """A `message` of bytes the sender wrote just before (what it reduced or received in the same call): the
+    message plus what writing cost the calibrated exchange (`exchange_fresh` less `exchange`). Measured here on
+    2 ranks: a send of 1 MiB just written took 442 us against 86 us clean, the same 5x as an exchange (437
+    against 90 us)."""
+    return message(calib, nbytes) + max(exchange_fresh(calib, nbytes) - exchange(calib, nbytes), 0.0)
+
+
 def exchange_wire(calib, nbytes):
     """One step of an MPI collective where both ranks of a pair send ``nbytes`` at once."""
     return max(exchange(calib, nbytes) - calib["overhead_s"], 0.0)
