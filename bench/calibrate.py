@@ -11,6 +11,9 @@ the mean of back-to-back calls after a barrier:
 - ``pingpong``: one-way seconds of a blocking ping-pong at 8 B .. 16 MiB (the table
   messages are interpolated in); ``alpha_s`` and ``beta_s_per_byte`` are its fit
   ``t = overhead + alpha + n beta`` (beta: the slope over 1-16 MiB, alpha: the rest at 8 B);
+- ``oneway``: seconds of a message of n bytes one way and its empty acknowledgement, 8 B .. 16 MiB: the models
+  price a program's one-way message at it, less the acknowledgement (`bench.models.terms.message`); the
+  ping-pong's round trip holds twice the buffers, and here took 3x as long per message at 4-8 MiB;
 - ``exchange``: seconds of one ``Sendrecv`` of n bytes each way with both ranks sending at
   once (a step of a ring, recursive doubling or halo exchange), back to back, 8 B .. 16 MiB;
 - ``exchange_fresh``: the same exchange, each rank sending what it received in the call before: a send buffer

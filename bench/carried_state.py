@@ -17,8 +17,8 @@ from kernels.errors import InputError
 #: How old carried tables may be (they describe the node as it was then).
 CARRY_SECONDS = 3600
 #: What the other state of the message tables holds (besides ``handoff_s``), as `bench.message_tables` writes it.
-MESSAGE_STATE_KEYS = ("alpha_s", "beta_s_per_byte", "pingpong", "exchange", "exchange_fresh", "stream", "allreduce",
-                      "library")
+MESSAGE_STATE_KEYS = ("alpha_s", "beta_s_per_byte", "pingpong", "oneway", "exchange", "exchange_fresh", "stream",
+                      "allreduce", "library")
 #: The keys of ``busy`` that are not rates of a state.
 BUSY_SETTINGS = ("ranks", "threads", "spread", "handoff_s", "other_state")
 #: What must match between the two calibrations.

@@ -2,7 +2,7 @@
 
 Each entry of a table is a median over rounds that visit every entry in turn (a burst of load on a shared
 machine spreads over many entries), each sample the mean of back-to-back calls after a barrier: the
-``pingpong``, ``exchange``, ``exchange_fresh``, ``stream`` and ``allreduce`` tables, MPI's other collectives' calls
+``pingpong``, ``oneway``, ``exchange``, ``exchange_fresh``, ``stream`` and ``allreduce`` tables, MPI's other collectives' calls
 (``library``, `bench.library_tables`), the per-message ``overhead_s`` and the hand-written call's
 ``call_s``; what is measured is a `MessagePlan` (`FULL_MESSAGES`, `QUICK_MESSAGES`).
 
@@ -76,6 +76,7 @@ def measure_pair(pair, plan):
         return max(1, plan.calls[n >= SLOPE_FROM] // fraction)
 
     entries = {("pingpong", n): (_pingponger(pair, n), calls(n)) for n in plan.sizes}
+    entries.update({("oneway", n): (_sender(pair, n), calls(n)) for n in plan.sizes})
     entries.update({("exchange", n): (_exchanger(pair, n), calls(n)) for n in plan.sizes})
     entries.update({("exchange_fresh", n): (_forwarder(pair, n), calls(n)) for n in plan.sizes})
     entries.update({("stream", n): (_windower(pair, n), calls(n, 5)) for n in plan.stream_sizes})
@@ -174,6 +175,22 @@ def _pingponger(comm, nbytes):
         def run():
             comm.Recv(recv, partner)
             comm.Send(send, partner)
+    return run
+
+
+def _sender(comm, nbytes):
+    """Rank 0 sends ``nbytes`` to rank 1, which acknowledges with an empty message: a step of a collective that
+    sends one way (two buffers of ``nbytes`` in the caches, where the ping-pong's round trip holds four: here
+    2x slower per message at 4-8 MiB, beyond the 32 MiB L3 cache's share)."""
+    (send, recv), ack = _buffers(nbytes), [np.zeros(1, np.uint8), 0, MPI.BYTE]
+    if comm.rank == 0:
+        def run():
+            comm.Send(send, 1)
+            comm.Recv(ack, 1)
+    else:
+        def run():
+            comm.Recv(recv, 0)
+            comm.Send(ack, 0)
     return run
 
 

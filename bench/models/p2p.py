@@ -19,7 +19,7 @@ class PointToPointModel(Model):
         `WINDOW` messages at the calibrated gap of a window of the same pattern (``stream``, its
         acknowledgement included)."""
         if variant == "latency":
-            return 2 * terms.message(calib, size)
+            return 2 * terms.pingpong(calib, size)
         return WINDOW * terms.stream(calib, size)
 
     def measured_by_calibration(self, variant, size, ranks, calib):

@@ -21,6 +21,8 @@ import bisect
 import math
 
 WORD_TYPES = {"float16": 2, "float32": 4, "float64": 8}
+#: Sizes of the ``oneway`` table whose rounds are all latency: the fastest is two empty-ish messages.
+ACKNOWLEDGED_BELOW = 1024
 
 
 def interpolate(table, x):
@@ -53,9 +55,20 @@ def _memory_table(calib, key):
     return (_shared(calib) or calib)[key]
 
 
-def message(calib, nbytes):
-    """One blocking message of ``nbytes`` from Python (mpi4py call included): the one-way ping-pong time."""
+def pingpong(calib, nbytes):
+    """Half a blocking round trip of ``nbytes`` from Python (mpi4py calls included): the ping-pong table."""
     return interpolate(calib["pingpong"], max(nbytes, 1))
+
+
+def message(calib, nbytes):
+    """One blocking message of ``nbytes`` one way from Python (mpi4py call included), as a step of a program
+    sends it: the ``oneway`` table (a message and its empty acknowledgement) less the acknowledgement, half its
+    fastest entry up to `ACKNOWLEDGED_BELOW`; a `pingpong` in a calibration without that table."""
+    table = calib.get("oneway")
+    if not table:
+        return pingpong(calib, nbytes)
+    acknowledgement = min(seconds for n, seconds in table if n <= ACKNOWLEDGED_BELOW or n == table[0][0]) / 2
+    return max(interpolate(table, max(nbytes, 1)) - acknowledgement, 0.0)
 
 
 def wire(calib, nbytes):

@@ -37,10 +37,10 @@ OPTIONAL_NUMBERS, OPTIONAL_TABLES = ("thin_side",), ("gemm_thin", "thin_rows")
 #: (`bench.library_tables`; an inter-node file's replace the intra-node ones in projections), the local
 #: GEMVs, the moe steps and the Dis-SMO iterations (`bench.local_rates`; without them the gemv model prices the
 #: matrix read as a copy, the moe and svm models their terms alone).
-LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step", "smo_iteration", "exchange_fresh")
+LIBRARY, LATER_TABLES = "library", ("gemv", "moe_step", "smo_iteration", "exchange_fresh", "oneway")
 #: The constants of messages, which an inter-node calibration replaces in projections.
-MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "exchange", "exchange_fresh", "stream",
-                "allreduce")
+MESSAGE_KEYS = ("alpha_s", "beta_s_per_byte", "overhead_s", "pingpong", "oneway", "exchange", "exchange_fresh",
+                "stream", "allreduce")
 SCOPES = ("intra-node", "inter-node")
 #: Seconds between a calibration and the farthest point it prices beyond which the report names the gap: ten
 #: minutes (here two calibrations 18 minutes apart differed by a median 4-23 % per table, and the ps sweep's
@@ -247,7 +247,7 @@ def for_projection(calib):
     """``(constants, note)``: the constants a projection uses (inter-node messages when given) and which."""
     if "inter" in calib:    # MPI's calls measured inside the node do not project across nodes
         constants = {key: value for key, value in calib.items()  # an older inter-node file: no fresh exchanges
-                     if key != LIBRARY and (key != "exchange_fresh" or key in calib["inter"])}
+                     if key != LIBRARY and (key not in LATER_TABLES or key not in MESSAGE_KEYS or key in calib["inter"])}
         return dict(constants, **{key: calib["inter"][key] for key in MESSAGE_KEYS + (LIBRARY,)
                                   if key in calib["inter"]}), \
             f"inter-node message constants of {calib['inter']['path']}, compute rates of {_source(calib)}"

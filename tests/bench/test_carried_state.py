@@ -11,7 +11,7 @@ NOW, TEN_MINUTES_AGO, TWO_HOURS_AGO = "2026-12-05T07:00:00+00:00", "2026-12-05T0
 def _calibration(handoff, seconds, timestamp=NOW, **changes):
     """A calibration of CALIB's constants, its message tables and busy rates at ``seconds``, in the handoff
     state ``handoff``."""
-    tables = {key: [[8, seconds]] for key in ("pingpong", "exchange", "exchange_fresh", "stream", "allreduce")}
+    tables = {key: [[8, seconds]] for key in ("pingpong", "oneway", "exchange", "exchange_fresh", "stream", "allreduce")}
     busy = dict(ranks=2, threads=1, handoff_s=handoff, spread={}, copy=[[8, seconds]], gemm={"float64": [1e9]})
     return {**CALIB, **tables, "library": {"bcast": [[8, seconds]]}, "alpha_s": seconds, "beta_s_per_byte": 1e-10,
             "handoff_s": handoff, "busy": busy, "host": "node1", "mpi_library": "MPICH 5", "scope": "intra-node",

@@ -142,6 +142,7 @@ def test_calibrate_records_the_mpi_library_without_nul_and_every_constant(comm, 
     assert len(constants["kernel_rows"]) == 2 and min(constants["kernel_rows"]) > 0  # one thread, all cores
     sizes = list(QUICK_MESSAGES.sizes)
     assert [n for n, _ in constants["pingpong"]] == [n for n, _ in constants["exchange"]] == sizes
+    assert [n for n, _ in constants["oneway"]] == sizes and constants["spread"]["oneway"] >= 0
     assert [n for n, _ in constants["exchange_fresh"]] == sizes and constants["spread"]["exchange_fresh"] >= 0
     assert [n for n, _ in constants["allreduce"]] == sizes and sizes[0] == 8 and sizes[-1] == 16 << 20
     assert [n for n, _ in constants["stream"]] == list(QUICK_MESSAGES.stream_sizes)

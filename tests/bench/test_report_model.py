@@ -52,11 +52,12 @@ def test_intra_and_inter_node_files_combine_and_projections_use_the_inter_node_m
         f"intra-node constants of {intra} (no inter-node calibration given)"
 
 
-def test_projections_take_fresh_exchanges_across_nodes_or_none(tmp_path):
-    fresh = [[8, 3e-6], [1 << 20, 3e-4]]
-    intra = _write(tmp_path, "intra.json", dict(CALIB, exchange_fresh=fresh))
+def test_projections_take_fresh_exchanges_and_one_way_messages_across_nodes_or_none(tmp_path):
+    fresh, oneway = [[8, 3e-6], [1 << 20, 3e-4]], [[8, 4e-6], [1 << 20, 2e-4]]
+    intra = _write(tmp_path, "intra.json", dict(CALIB, exchange_fresh=fresh, oneway=oneway))
     older = _write(tmp_path, "older.json", dict(calibration(alpha=5e-5), scope="inter-node"))  # written before them
-    assert "exchange_fresh" not in for_projection(load_calibrations([intra, older]))[0]  # plain exchanges
+    projected = for_projection(load_calibrations([intra, older]))[0]
+    assert "exchange_fresh" not in projected and "oneway" not in projected  # plain exchanges, the ping-pong
     newer = _write(tmp_path, "newer.json", dict(calibration(alpha=5e-5), scope="inter-node",
                                                 exchange_fresh=[[8, 9e-6], [1 << 20, 9e-4]]))
     assert for_projection(load_calibrations([intra, newer]))[0]["exchange_fresh"] == [[8, 9e-6], [1 << 20, 9e-4]]

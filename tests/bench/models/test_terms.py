@@ -21,6 +21,15 @@ def test_interpolate_is_flat_below_linear_between_and_extrapolated_above():
     assert terms.interpolate(table, 64) == pytest.approx(14.0)
 
 
+def test_a_message_one_way_is_the_oneway_round_less_its_acknowledgement_or_half_a_ping_pong():
+    calib = calibration()  # no oneway table: the ping-pong's half round trip
+    assert terms.message(calib, 1 << 20) == terms.pingpong(calib, 1 << 20)
+    calib["oneway"] = [[8, 5e-6], [512, 4e-6], [4096, 6e-6], [1 << 22, 3e-4]]  # the acknowledgement: half of 4 us
+    assert terms.message(calib, 4096) == pytest.approx(4e-6) and terms.message(calib, 1 << 22) == pytest.approx(2.98e-4)
+    assert terms.message(calib, 8) == pytest.approx(3e-6)
+    assert terms.pingpong(calib, 8) == terms.interpolate(calib["pingpong"], 8)  # p2p's latency keeps the ping-pong
+
+
 @pytest.mark.parametrize("ranks, algorithm, messages, steps", [
     (2, "ring", 2, 1), (4, "ring", 6, 3), (3, "ring", 4, 2), (4, "recursive_doubling", 2, 2),
     (3, "recursive_doubling", 3, 1), (4, "rabenseifner", 4, 2), (4, "tree", 4, 2), (4, "mpi", 2, 0),
