@@ -246,8 +246,9 @@ def load_calibrations(paths):
 def for_projection(calib):
     """``(constants, note)``: the constants a projection uses (inter-node messages when given) and which."""
     if "inter" in calib:    # MPI's calls measured inside the node do not project across nodes
-        constants = {key: value for key, value in calib.items()  # an older inter-node file: no fresh exchanges
-                     if key != LIBRARY and (key not in LATER_TABLES or key not in MESSAGE_KEYS or key in calib["inter"])}
+        later_messages = set(LATER_TABLES) & set(MESSAGE_KEYS)  # an older inter-node file lacks them: none here
+        constants = {key: value for key, value in calib.items()
+                     if key != LIBRARY and (key not in later_messages or key in calib["inter"])}
         return dict(constants, **{key: calib["inter"][key] for key in MESSAGE_KEYS + (LIBRARY,)
                                   if key in calib["inter"]}), \
             f"inter-node message constants of {calib['inter']['path']}, compute rates of {_source(calib)}"
